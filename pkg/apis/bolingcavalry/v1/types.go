@@ -1,0 +1,140 @@
+package v1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Student is a student whose record the student-controller keeps in the student
+// registry: the object is the desired state, the registry row the actual state.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=stu,categories=school
+// +kubebuilder:metadata:annotations="api-approved.kubernetes.io=unapproved, the student-controller sample API"
+// +kubebuilder:printcolumn:name="Display Name",type=string,JSONPath=`.spec.name`,description="The student's display name"
+// +kubebuilder:printcolumn:name="School",type=string,JSONPath=`.spec.school`,description="The school the student attends"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the registry row matches the spec"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1,description="Why the student is or is not ready"
+// +kubebuilder:printcolumn:name="Policy",type=string,JSONPath=`.spec.deletionPolicy`,priority=1,description="What happens to the registry row on delete"
+// +kubebuilder:printcolumn:name="Last Written",type=date,JSONPath=`.status.registry.lastWrittenTime`,priority=1,description="When the registry row was last written"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Student struct {
+	metav1.TypeMeta `json:",inline"`
+	// Standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the student as they should appear in the registry.
+	// +required
+	Spec StudentSpec `json:"spec"`
+
+	// Status is what the controller last observed and wrote.
+	// +optional
+	Status StudentStatus `json:"status,omitempty"`
+}
+
+// StudentSpec is the desired registry record of a student.
+type StudentSpec struct {
+	// Name is the student's display name, in any script (for example "张三"). It is
+	// written to the registry's student_name column. 1 to 128 characters, not blank.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.trim().size() > 0",message="must not be blank"
+	Name string `json:"name"`
+
+	// School is the school the student attends (for example "深圳中学"). 1 to 256
+	// characters, not blank.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:XValidation:rule="self.trim().size() > 0",message="must not be blank"
+	School string `json:"school"`
+
+	// DeletionPolicy says what happens to the registry row when the Student is
+	// deleted: Delete (the default) removes the row; Orphan keeps it and releases it,
+	// so the controller no longer owns or changes it.
+	// +optional
+	// +kubebuilder:default=Delete
+	DeletionPolicy DeletionPolicy `json:"deletionPolicy,omitempty"`
+}
+
+// DeletionPolicy says what happens to a Student's registry row when the Student is
+// deleted.
+// +kubebuilder:validation:Enum=Delete;Orphan
+type DeletionPolicy string
+
+const (
+	// DeletionPolicyDelete removes the registry row together with the Student.
+	DeletionPolicyDelete DeletionPolicy = "Delete"
+	// DeletionPolicyOrphan keeps the registry row, released from the controller.
+	DeletionPolicyOrphan DeletionPolicy = "Orphan"
+)
+
+// StudentStatus is what the controller observed and did for a Student.
+type StudentStatus struct {
+	// ObservedGeneration is the metadata.generation that this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions are the latest observations of the Student's state. Ready summarises
+	// them: True when the registry row matches the spec.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// Registry describes the student's row in the registry, once it has been written.
+	// +optional
+	Registry *RegistryStatus `json:"registry,omitempty"`
+}
+
+// RegistryStatus describes a Student's row in the student registry.
+type RegistryStatus struct {
+	// Owner is the controller instance that owns the row (its --registry-owner).
+	// +optional
+	Owner string `json:"owner,omitempty"`
+
+	// LastWrittenTime is when the controller last wrote the row.
+	// +optional
+	LastWrittenTime *metav1.Time `json:"lastWrittenTime,omitempty"`
+
+	// WrittenGeneration is the metadata.generation of the spec last written to the row.
+	// +optional
+	WrittenGeneration int64 `json:"writtenGeneration,omitempty"`
+}
+
+// The condition types and reasons that the controller reports on a Student.
+const (
+	// ConditionReady summarises the Student: True when its registry row matches the spec.
+	ConditionReady = "Ready"
+
+	// ReasonSynced: the registry row matches the spec.
+	ReasonSynced = "Synced"
+	// ReasonRegistryUnavailable: the registry could not be reached or refused the write.
+	ReasonRegistryUnavailable = "RegistryUnavailable"
+	// ReasonRowOwnedElsewhere: the registry row belongs to another controller instance.
+	ReasonRowOwnedElsewhere = "RowOwnedElsewhere"
+	// ReasonInvalidSpec: the spec cannot be written to the registry.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonDeleting: the Student is being deleted and its row is being removed or released.
+	ReasonDeleting = "Deleting"
+)
+
+// StudentList is a list of Students.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+type StudentList struct {
+	metav1.TypeMeta `json:",inline"`
+	// Standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	// Items are the Students.
+	Items []Student `json:"items"`
+}

@@ -1,0 +1,2 @@
+// Package integration holds tests that run against a real kube-apiserver and etcd.
+package integration

@@ -1,0 +1,65 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+	"github.com/student-controller/student-controller/test/testenv"
+)
+
+// env is the control plane that every test in this package shares; each test works in
+// a namespace of its own.
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	var err error
+	env, err = testenv.Start()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration tests cannot run: %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "stop control plane: %v\n", err)
+	}
+	os.Exit(code)
+}
+
+// clients are the clients a test uses, all as the cluster administrator.
+type clients struct {
+	kube    kubernetes.Interface
+	student versioned.Interface
+	dynamic dynamic.Interface
+}
+
+func newClients(t *testing.T) clients {
+	t.Helper()
+	return clients{
+		kube:    kubernetes.NewForConfigOrDie(env.Config),
+		student: versioned.NewForConfigOrDie(env.Config),
+		dynamic: dynamic.NewForConfigOrDie(env.Config),
+	}
+}
+
+// newNamespace creates a namespace for one test and deletes it when the test ends.
+func newNamespace(ctx context.Context, t *testing.T, c clients) string {
+	t.Helper()
+	ns, err := c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "test-"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = c.kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+	})
+	return ns.Name
+}

@@ -1,0 +1,97 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Env is a running control plane with the Student CRD installed.
+type Env struct {
+	// Config reaches the API server as a cluster administrator.
+	Config *rest.Config
+	// Kubeconfig is the path of a kubeconfig file for the same administrator, for
+	// kubectl and for the controller binary.
+	Kubeconfig string
+	// Root is the repository's root folder.
+	Root string
+
+	env *envtest.Environment
+	dir string
+}
+
+// Start starts etcd and kube-apiserver from bin/k8s, installs the CRDs from
+// config/crd/bases and writes a kubeconfig. It never downloads anything: when the
+// binaries are missing it says how to build them. Call Stop when done.
+func Start() (*Env, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	assets := filepath.Join(root, "bin", "k8s")
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
+			return nil, fmt.Errorf("control plane binary %s is missing (run `make controlplane` first): %w", bin, err)
+		}
+	}
+	// KUBEBUILDER_ASSETS and TEST_ASSET_* would silently swap in other binaries;
+	// USE_EXISTING_CLUSTER would test someone's cluster instead. Neither is wanted.
+	for _, name := range []string{"KUBEBUILDER_ASSETS", "TEST_ASSET_KUBE_APISERVER", "TEST_ASSET_ETCD"} {
+		if v, ok := os.LookupEnv(name); ok {
+			return nil, fmt.Errorf("environment variable %s=%q is set; unset it so the tests use bin/k8s", name, v)
+		}
+	}
+
+	env := &envtest.Environment{
+		BinaryAssetsDirectory:    assets,
+		CRDDirectoryPaths:        []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing:    true,
+		UseExistingCluster:       ptr.To(false),
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start control plane: %w", err)
+	}
+	e := &Env{Config: cfg, Root: root, env: env}
+
+	e.dir, err = os.MkdirTemp("", "student-controller-testenv-")
+	if err == nil {
+		e.Kubeconfig = filepath.Join(e.dir, "kubeconfig")
+		err = os.WriteFile(e.Kubeconfig, env.KubeConfig, 0o600)
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("write kubeconfig: %w", err), e.Stop())
+	}
+	return e, nil
+}
+
+// Stop stops the control plane and removes its files.
+func (e *Env) Stop() error {
+	err := e.env.Stop()
+	if e.dir != "" {
+		err = errors.Join(err, os.RemoveAll(e.dir))
+	}
+	return err
+}
+
+// RepoRoot returns the repository's root folder, found from this source file.
+func RepoRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the testenv source file")
+	}
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return "", fmt.Errorf("repository root not found from %s: %w", file, err)
+	}
+	return filepath.Clean(root), nil
+}
