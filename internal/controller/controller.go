@@ -1,0 +1,247 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+	informers "github.com/student-controller/student-controller/pkg/generated/informers/externalversions/bolingcavalry/v1"
+	listers "github.com/student-controller/student-controller/pkg/generated/listers/bolingcavalry/v1"
+)
+
+const (
+	// Finalizer holds a Student until its registry row is deleted or released.
+	Finalizer = "bolingcavalry.k8s.io/registry-row"
+	// FieldManager names the controller's writes to the API server.
+	FieldManager = "student-controller"
+	// Name names the controller in logs, the workqueue and Events.
+	Name = "student-controller"
+)
+
+// Registry is what the controller needs of the student registry.
+type Registry interface {
+	Get(ctx context.Context, uid string) (registry.Record, error)
+	Upsert(ctx context.Context, rec registry.Record) (registry.Record, error)
+	Delete(ctx context.Context, uid, owner string) (bool, error)
+	Release(ctx context.Context, uid, owner string) (bool, error)
+	List(ctx context.Context, owner string) ([]registry.Record, error)
+}
+
+// Config tunes a Controller. Owner is required; zero values elsewhere take defaults.
+type Config struct {
+	// Owner marks the rows this controller writes; it never changes another owner's rows.
+	Owner string
+	// SweepInterval is how often the registry is compared with the Students; 0 turns the
+	// periodic sweep off.
+	SweepInterval time.Duration
+	// SweepMaxDeletions bounds the orphan rows one sweep deletes: a sweep that would
+	// delete more deletes none and reports it, since that is likelier a fault (a wrong
+	// cluster, a deleted CRD) than real deletions.
+	SweepMaxDeletions int
+	// SyncTimeout bounds one sync, registry and API calls included. It also bounds the
+	// drain on shutdown: work in flight finishes, within this time.
+	SyncTimeout time.Duration
+	// RateLimiter spaces retries; DefaultRateLimiter when nil.
+	RateLimiter workqueue.TypedRateLimiter[cache.ObjectName]
+	// SweepEventTarget, when set, receives the Warning Event of a refused sweep (the
+	// controller's own Pod, in a cluster).
+	SweepEventTarget *corev1.ObjectReference
+	// Clock stamps conditions; the real clock when nil.
+	Clock clock.PassiveClock
+}
+
+// Controller keeps the student registry in line with the Student objects.
+type Controller struct {
+	client   versioned.Interface
+	lister   listers.StudentLister
+	synced   cache.InformerSynced
+	queue    workqueue.TypedRateLimitingInterface[cache.ObjectName]
+	registry Registry
+	recorder record.EventRecorder
+	cfg      Config
+	clock    clock.PassiveClock
+}
+
+// DefaultRateLimiter spaces the retries of one Student from half a second up to five
+// minutes: the registry is external I/O, where client-go's 5 ms first retry only adds
+// load to an outage, and 16 minutes is too long to notice recovery. An overall bucket
+// caps the retry rate across all Students.
+func DefaultRateLimiter() workqueue.TypedRateLimiter[cache.ObjectName] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](500*time.Millisecond, 5*time.Minute),
+		&workqueue.TypedBucketRateLimiter[cache.ObjectName]{Limiter: rate.NewLimiter(rate.Limit(50), 300)},
+	)
+}
+
+// New returns a Controller over the Students that informer watches. It starts
+// nothing: call Run.
+func New(ctx context.Context, client versioned.Interface, informer informers.StudentInformer,
+	reg Registry, recorder record.EventRecorder, cfg Config) (*Controller, error) {
+	if cfg.Owner == "" {
+		return nil, errors.New("the registry owner must not be empty")
+	}
+	if cfg.SyncTimeout <= 0 {
+		cfg.SyncTimeout = 30 * time.Second
+	}
+	if cfg.SweepMaxDeletions < 0 {
+		return nil, fmt.Errorf("sweep max deletions must not be negative, got %d", cfg.SweepMaxDeletions)
+	}
+	if cfg.RateLimiter == nil {
+		cfg.RateLimiter = DefaultRateLimiter()
+	}
+	c := &Controller{
+		client:   client,
+		lister:   informer.Lister(),
+		synced:   informer.Informer().HasSynced,
+		registry: reg,
+		recorder: recorder,
+		cfg:      cfg,
+		clock:    cfg.Clock,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter,
+			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: Name}),
+	}
+	if c.clock == nil {
+		c.clock = clock.RealClock{}
+	}
+	logger := klog.FromContext(ctx)
+	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.enqueue(logger, obj) },
+		UpdateFunc: func(oldObj, newObj any) { c.enqueueUpdate(logger, oldObj, newObj) },
+		DeleteFunc: func(obj any) { c.enqueue(logger, obj) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("add Student event handler: %w", err)
+	}
+	return c, nil
+}
+
+// enqueue adds the key of a Student, or of the tombstone of a deleted one.
+func (c *Controller) enqueue(logger klog.Logger, obj any) {
+	key, err := cache.DeletionHandlingObjectToName(obj)
+	if err != nil {
+		utilruntime.HandleErrorWithLogger(logger, err, "Cannot get the key of an object", "object", obj)
+		return
+	}
+	c.queue.Add(key)
+}
+
+// enqueueUpdate adds the key of an updated Student when the update can matter.
+func (c *Controller) enqueueUpdate(logger klog.Logger, oldObj, newObj any) {
+	if needsSync(oldObj, newObj) {
+		c.enqueue(logger, newObj)
+	}
+}
+
+// needsSync says whether an update can change what sync does. A change to status
+// alone (the controller's own status writes among them) cannot; a resync, which
+// repeats the same object, can, since the registry may have drifted.
+func needsSync(oldObj, newObj any) bool {
+	oldS, ok1 := oldObj.(*studentv1.Student)
+	newS, ok2 := newObj.(*studentv1.Student)
+	if !ok1 || !ok2 || oldS.ResourceVersion == newS.ResourceVersion {
+		return true
+	}
+	return oldS.Generation != newS.Generation ||
+		!equality.Semantic.DeepEqual(oldS.DeletionTimestamp, newS.DeletionTimestamp) ||
+		!equality.Semantic.DeepEqual(oldS.Finalizers, newS.Finalizers)
+}
+
+// Run waits for the informer cache, then runs workers and the periodic sweep until ctx
+// is done. Then it stops taking work, lets the syncs in flight finish (each within
+// SyncTimeout), and returns.
+func (c *Controller) Run(ctx context.Context, workers int) error {
+	defer utilruntime.HandleCrashWithContext(ctx)
+	logger := klog.FromContext(ctx)
+
+	logger.Info("Starting controller", "workers", workers, "owner", c.cfg.Owner)
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.synced) {
+		c.queue.ShutDown()
+		return errors.New("the Student cache did not sync before shutdown")
+	}
+
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for c.processNextWorkItem(ctx) {
+			}
+		})
+	}
+	if c.cfg.SweepInterval > 0 {
+		wg.Go(func() {
+			wait.JitterUntilWithContext(ctx, func(ctx context.Context) {
+				if _, err := c.Sweep(ctx); err != nil {
+					utilruntime.HandleErrorWithContext(ctx, err, "Sweep failed; the next one retries")
+				}
+			}, c.cfg.SweepInterval, 0.1, true)
+		})
+	}
+	logger.Info("Started workers")
+
+	<-ctx.Done()
+	logger.Info("Shutting down: finishing the work in flight")
+	c.queue.ShutDown()
+	wg.Wait()
+	logger.Info("Controller stopped")
+	return nil
+}
+
+// HasSynced reports whether the Student cache has synced, for readiness.
+func (c *Controller) HasSynced() bool { return c.synced() }
+
+// processNextWorkItem takes one key and syncs it. It is the only place that decides
+// what happens to a key afterwards: forget it, or retry it with backoff.
+func (c *Controller) processNextWorkItem(ctx context.Context) bool {
+	key, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(key)
+	if ctx.Err() != nil {
+		// Shutting down: the rest of the queue is left to the next leader.
+		return false
+	}
+
+	// A sync that started runs to its end even when shutdown begins, so that a write
+	// is not cut off half way (finalizer added, row not yet written); it is bounded.
+	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SyncTimeout)
+	defer cancel()
+	err := c.sync(syncCtx, key)
+
+	var term *terminalError
+	switch {
+	case err == nil:
+		c.queue.Forget(key)
+	case errors.As(err, &term):
+		// Retrying cannot help; a change to the object brings it back.
+		c.queue.Forget(key)
+		klog.FromContext(ctx).V(2).Info("Not retrying", "student", key, "reason", err)
+	default:
+		c.queue.AddRateLimited(key)
+		utilruntime.HandleErrorWithContext(ctx, err, "Syncing Student failed; will retry", "student", key, "retries", c.queue.NumRequeues(key))
+	}
+	return true
+}
+
+// terminalError is a sync failure that retrying cannot fix.
+type terminalError struct{ err error }
+
+func (e *terminalError) Error() string { return e.err.Error() }
+func (e *terminalError) Unwrap() error { return e.err }
+
+func terminal(err error) error { return &terminalError{err: err} }

@@ -1,0 +1,189 @@
+package controller
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2/ktesting"
+	testingclock "k8s.io/utils/clock/testing"
+	_ "modernc.org/sqlite"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned/fake"
+	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
+)
+
+const owner = "test-controller"
+
+var start = time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+
+// fixture is a controller over a fake clientset and a real SQLite registry. Its
+// informer is never started: tests put objects in its cache, as a watch would.
+type fixture struct {
+	t        *testing.T
+	ctx      context.Context
+	client   *fake.Clientset
+	factory  externalversions.SharedInformerFactory
+	registry *registry.Registry
+	recorder *record.FakeRecorder
+	clock    *testingclock.FakeClock
+	ctrl     *Controller
+}
+
+func newFixture(t *testing.T, students ...*studentv1.Student) *fixture {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	f := &fixture{t: t, ctx: ctx, clock: testingclock.NewFakeClock(start), recorder: record.NewFakeRecorder(100)}
+	var err error
+	f.registry, err = registry.Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), registry.Options{Now: f.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.registry.Close() })
+
+	// NewClientset tracks managed fields, which it cannot do for CRDs
+	// (kubernetes/kubernetes#126850); the controller does not use server-side apply.
+	f.client = fake.NewSimpleClientset()
+	f.factory = externalversions.NewSharedInformerFactory(f.client, 0)
+	f.ctrl, err = New(ctx, f.client, f.factory.Bolingcavalry().V1().Students(), f.registry, f.recorder,
+		Config{Owner: owner, SweepMaxDeletions: 2, Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.ctrl.queue.ShutDown)
+	for _, s := range students {
+		if _, err := f.client.BolingcavalryV1().Students(s.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.observe(s.Namespace, s.Name)
+	}
+	f.client.ClearActions()
+	return f
+}
+
+// observe copies an object from the API server into the informer cache, as the
+// watch would deliver it.
+func (f *fixture) observe(namespace, name string) {
+	f.t.Helper()
+	indexer := f.factory.Bolingcavalry().V1().Students().Informer().GetIndexer()
+	s, err := f.client.BolingcavalryV1().Students(namespace).Get(f.ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		old, exists, _ := indexer.GetByKey(namespace + "/" + name)
+		if exists {
+			_ = indexer.Delete(old)
+		}
+		return
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := indexer.Update(s); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// get returns the object as the API server has it.
+func (f *fixture) get(namespace, name string) *studentv1.Student {
+	f.t.Helper()
+	s, err := f.client.BolingcavalryV1().Students(namespace).Get(f.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+// writes counts the API writes since the last call.
+func (f *fixture) writes() []string {
+	var out []string
+	for _, a := range f.client.Actions() {
+		switch a.GetVerb() {
+		case "create", "update", "patch", "delete":
+			w := a.GetVerb() + " " + a.GetResource().Resource
+			if a.GetSubresource() != "" {
+				w += "/" + a.GetSubresource()
+			}
+			out = append(out, w)
+		}
+	}
+	f.client.ClearActions()
+	return out
+}
+
+// events drains the Events recorded so far.
+func (f *fixture) events() []string {
+	var out []string
+	for {
+		select {
+		case e := <-f.recorder.Events:
+			// "Type Reason Message": keep type and reason, the message is checked apart.
+			parts := strings.SplitN(e, " ", 3)
+			out = append(out, parts[0]+" "+parts[1])
+		default:
+			return out
+		}
+	}
+}
+
+// rows returns every row of the registry, whoever owns it, keyed by UID.
+func (f *fixture) rows() map[string]registry.Record {
+	f.t.Helper()
+	out := map[string]registry.Record{}
+	for _, o := range []string{owner, "another-controller"} {
+		rows, err := f.registry.List(f.ctx, o)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		for _, r := range rows {
+			out[r.UID] = r
+		}
+	}
+	return out
+}
+
+type studentOption func(*studentv1.Student)
+
+func newStudent(name string, opts ...studentOption) *studentv1.Student {
+	s := &studentv1.Student{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "school", Name: name, UID: types.UID("uid-" + name), Generation: 1,
+			CreationTimestamp: metav1.NewTime(start),
+		},
+		Spec: studentv1.StudentSpec{Name: "张三", School: "深圳中学", DeletionPolicy: studentv1.DeletionPolicyDelete},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func withFinalizer(s *studentv1.Student) { s.Finalizers = []string{Finalizer} }
+
+func deleting(s *studentv1.Student) {
+	now := metav1.NewTime(start.Add(time.Hour))
+	s.DeletionTimestamp = &now
+}
+
+func orphan(s *studentv1.Student) { s.Spec.DeletionPolicy = studentv1.DeletionPolicyOrphan }
+
+// synced gives a Student the status that a sync at writtenAt leaves.
+func synced(writtenAt time.Time) studentOption {
+	return func(s *studentv1.Student) {
+		written := metav1.NewTime(writtenAt)
+		s.Status = studentv1.StudentStatus{
+			ObservedGeneration: s.Generation,
+			Conditions: []metav1.Condition{{
+				Type: studentv1.ConditionReady, Status: metav1.ConditionTrue, ObservedGeneration: s.Generation,
+				Reason: studentv1.ReasonSynced, Message: "The registry row matches the spec", LastTransitionTime: metav1.NewTime(start),
+			}},
+			Registry: &studentv1.RegistryStatus{Owner: owner, LastWrittenTime: &written, WrittenGeneration: s.Generation},
+		}
+	}
+}

@@ -1,0 +1,57 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+func ready() metav1.Condition {
+	return metav1.Condition{
+		Type: studentv1.ConditionReady, Status: metav1.ConditionTrue,
+		Reason: studentv1.ReasonSynced, Message: "The registry row matches the spec",
+	}
+}
+
+func notReady(reason, message string) metav1.Condition {
+	return metav1.Condition{
+		Type: studentv1.ConditionReady, Status: metav1.ConditionFalse,
+		Reason: reason, Message: message,
+	}
+}
+
+// registryStatus is what the status shows of a stored row. Times are kept to the
+// second, as the API server stores them, so that an unchanged row compares equal.
+func registryStatus(row registry.Record) *studentv1.RegistryStatus {
+	written := metav1.NewTime(row.UpdatedAt.Truncate(time.Second))
+	return &studentv1.RegistryStatus{Owner: row.Owner, LastWrittenTime: &written, WrittenGeneration: row.Generation}
+}
+
+// updateStatus sets the Ready condition, observedGeneration and registry facts on s
+// and writes the status, only if that changed anything. It reports whether it wrote.
+func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, cond metav1.Condition, reg *studentv1.RegistryStatus) (bool, error) {
+	status := *s.Status.DeepCopy()
+	status.ObservedGeneration = s.Generation
+	status.Registry = reg
+	cond.ObservedGeneration = s.Generation
+	cond.LastTransitionTime = metav1.NewTime(c.clock.Now().Truncate(time.Second))
+	// Keeps the transition time when the condition's status did not change.
+	meta.SetStatusCondition(&status.Conditions, cond)
+	if equality.Semantic.DeepEqual(s.Status, status) {
+		return false, nil
+	}
+	s.Status = status
+	updated, err := c.client.BolingcavalryV1().Students(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
+	if err != nil {
+		return false, fmt.Errorf("update status: %w", err)
+	}
+	*s = *updated
+	return true, nil
+}

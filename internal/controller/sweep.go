@@ -1,0 +1,125 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// sweepPlan is what one sweep would do: the diff of the registry against the cache.
+type sweepPlan struct {
+	// Resync are the Students whose row is missing or differs from them: their sync
+	// repairs the row.
+	Resync []cache.ObjectName
+	// Orphans are owned rows whose Student is gone.
+	Orphans []registry.Record
+}
+
+// planSweep compares the rows this controller owns with the Students in the cache. It
+// is a pure function of its inputs.
+func planSweep(owner string, rows []registry.Record, students []*studentv1.Student) sweepPlan {
+	byUID := make(map[types.UID]*studentv1.Student, len(students))
+	for _, s := range students {
+		byUID[s.UID] = s
+	}
+	var plan sweepPlan
+	seen := make(map[types.UID]bool, len(rows))
+	for _, row := range rows {
+		if row.Owner != owner {
+			continue // never another's
+		}
+		uid := types.UID(row.UID)
+		seen[uid] = true
+		s, ok := byUID[uid]
+		if !ok {
+			plan.Orphans = append(plan.Orphans, row)
+			continue
+		}
+		if s.DeletionTimestamp == nil && !sameRow(row, recordOf(owner, s)) {
+			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s))
+		}
+	}
+	for _, s := range students {
+		if !seen[s.UID] && s.DeletionTimestamp == nil && validateSpec(s.Spec) == "" {
+			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s))
+		}
+	}
+	return plan
+}
+
+// SweepResult is what one sweep found and did.
+type SweepResult struct {
+	Rows    int // owned rows compared
+	Resync  int // Students queued to repair their rows
+	Orphans int // owned rows without a Student
+	Deleted int // orphan rows deleted
+	// Refused is set when the orphans were more than the safety bound allows, and
+	// none was deleted.
+	Refused bool
+}
+
+// Sweep compares every row this controller owns with the Students in the cache: rows
+// that are missing or differ are repaired by queueing their Student, and owned rows
+// whose Student is gone are deleted, unless there are more of them than
+// SweepMaxDeletions. Run only calls it once the cache has synced.
+func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
+	logger := klog.FromContext(ctx)
+	// Rows first, cache second: a Student deleted in between has had its row deleted by
+	// its finalizer, so a stale row read here at worst costs a delete that finds nothing.
+	rows, err := c.registry.List(ctx, c.cfg.Owner)
+	if err != nil {
+		return SweepResult{}, fmt.Errorf("sweep: %w", err)
+	}
+	students, err := c.lister.List(labels.Everything())
+	if err != nil {
+		return SweepResult{}, fmt.Errorf("sweep: %w", err)
+	}
+	plan := planSweep(c.cfg.Owner, rows, students)
+	result := SweepResult{Rows: len(rows), Resync: len(plan.Resync), Orphans: len(plan.Orphans)}
+	for _, key := range plan.Resync {
+		c.queue.Add(key)
+	}
+
+	if len(plan.Orphans) > c.cfg.SweepMaxDeletions {
+		result.Refused = true
+		msg := fmt.Sprintf("Sweep refused to delete %d orphan registry rows: more than the bound of %d (--sweep-max-deletions). "+
+			"Check that the controller watches the right cluster; raise the bound to let the deletion happen",
+			len(plan.Orphans), c.cfg.SweepMaxDeletions)
+		logger.Error(nil, msg, "orphans", len(plan.Orphans), "bound", c.cfg.SweepMaxDeletions, "students", len(students))
+		if c.cfg.SweepEventTarget != nil {
+			c.recorder.Event(c.cfg.SweepEventTarget, corev1.EventTypeWarning, EventSweepRefused, msg)
+		}
+		return result, nil
+	}
+
+	var errs []error
+	for _, row := range plan.Orphans {
+		deleted, err := c.registry.Delete(ctx, row.UID, c.cfg.Owner)
+		if err != nil && !errors.Is(err, registry.ErrNotOwned) {
+			errs = append(errs, err)
+			continue
+		}
+		if deleted {
+			result.Deleted++
+			logger.V(2).Info("Sweep deleted an orphan registry row", "uid", row.UID, "student", klog.KRef(row.Namespace, row.Name))
+		}
+	}
+	if result.Resync > 0 || result.Orphans > 0 || len(errs) > 0 {
+		logger.Info("Sweep repaired drift", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans, "deleted", result.Deleted)
+	} else {
+		logger.V(4).Info("Sweep found no drift", "rows", result.Rows)
+	}
+	if len(errs) > 0 {
+		return result, fmt.Errorf("sweep: %w", errors.Join(errs...))
+	}
+	return result, nil
+}

@@ -1,0 +1,151 @@
+package controller
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+func TestPlanSweep(t *testing.T) {
+	tampered := recordOf(owner, newStudent("b"))
+	tampered.StudentName = "someone else"
+	tests := map[string]struct {
+		rows        []registry.Record
+		students    []*studentv1.Student
+		wantResync  []string
+		wantOrphans []string
+	}{
+		"in line": {
+			rows:     []registry.Record{recordOf(owner, newStudent("a"))},
+			students: []*studentv1.Student{newStudent("a")},
+		},
+		"row missing": {
+			students:   []*studentv1.Student{newStudent("a")},
+			wantResync: []string{"school/a"},
+		},
+		"row differs": {
+			rows:       []registry.Record{recordOf(owner, newStudent("a")), tampered},
+			students:   []*studentv1.Student{newStudent("a"), newStudent("b")},
+			wantResync: []string{"school/b"},
+		},
+		"student gone": {
+			rows:        []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b"))},
+			students:    []*studentv1.Student{newStudent("a")},
+			wantOrphans: []string{"uid-b"},
+		},
+		"another owner's row": {
+			rows: []registry.Record{recordOf("another-controller", newStudent("a"))},
+		},
+		"terminating student's row is not an orphan": {
+			rows:     []registry.Record{recordOf(owner, newStudent("a"))},
+			students: []*studentv1.Student{newStudent("a", withFinalizer, deleting)},
+		},
+		"invalid student has no row to repair": {
+			students: []*studentv1.Student{newStudent("a", func(s *studentv1.Student) { s.Spec.Name = "" })},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			plan := planSweep(owner, tc.rows, tc.students)
+			var resync, orphans []string
+			for _, k := range plan.Resync {
+				resync = append(resync, k.String())
+			}
+			for _, r := range plan.Orphans {
+				orphans = append(orphans, r.UID)
+			}
+			if diff := cmp.Diff(tc.wantResync, resync); diff != "" {
+				t.Errorf("resync (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantOrphans, orphans); diff != "" {
+				t.Errorf("orphans (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestSweep runs sweeps over a real registry: orphans go, another owner's rows stay,
+// drift is queued for repair, and a mass deletion past the bound is refused.
+func TestSweep(t *testing.T) {
+	target := &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: "system", Name: "student-controller-0"}
+	tests := map[string]struct {
+		students    []*studentv1.Student
+		rows        []registry.Record
+		wantResult  SweepResult
+		wantRows    []string
+		wantQueued  []string
+		wantEvents  []string
+		eventTarget *corev1.ObjectReference
+	}{
+		"orphan deleted, foreign row kept, missing row queued": {
+			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
+			rows: []registry.Record{
+				recordOf(owner, newStudent("a")),
+				recordOf(owner, newStudent("gone")),
+				recordOf("another-controller", newStudent("theirs")),
+			},
+			wantResult: SweepResult{Rows: 2, Resync: 1, Orphans: 1, Deleted: 1},
+			wantRows:   []string{"uid-a", "uid-theirs"},
+			wantQueued: []string{"school/b"},
+		},
+		"mass deletion refused": {
+			students: []*studentv1.Student{newStudent("a")},
+			rows: []registry.Record{
+				recordOf(owner, newStudent("a")),
+				recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y")), recordOf(owner, newStudent("z")),
+			},
+			eventTarget: target,
+			wantResult:  SweepResult{Rows: 4, Orphans: 3, Refused: true},
+			wantRows:    []string{"uid-a", "uid-x", "uid-y", "uid-z"},
+			wantEvents:  []string{"Warning SweepRefused"},
+		},
+		"at the bound": {
+			rows:       []registry.Record{recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
+			wantResult: SweepResult{Rows: 2, Orphans: 2, Deleted: 2},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, tc.students...)
+			f.ctrl.cfg.SweepEventTarget = tc.eventTarget
+			for _, r := range tc.rows {
+				if _, err := f.registry.Upsert(f.ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := f.ctrl.Sweep(f.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.wantResult, got); diff != "" {
+				t.Errorf("result (-want +got):\n%s", diff)
+			}
+			var rows []string
+			for uid := range f.rows() {
+				rows = append(rows, uid)
+			}
+			if diff := cmp.Diff(tc.wantRows, rows, cmpSorted); diff != "" {
+				t.Errorf("rows after the sweep (-want +got):\n%s", diff)
+			}
+			var queued []string
+			for f.ctrl.queue.Len() > 0 {
+				key, _ := f.ctrl.queue.Get()
+				queued = append(queued, key.String())
+				f.ctrl.queue.Done(key)
+			}
+			if diff := cmp.Diff(tc.wantQueued, queued); diff != "" {
+				t.Errorf("queued (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantEvents, f.events()); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+var cmpSorted = cmpopts.SortSlices(func(a, b string) bool { return a < b })

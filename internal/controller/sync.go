@@ -1,0 +1,224 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// Event reasons, for `kubectl describe` and `kubectl get events`.
+const (
+	EventRowCreated        = "RowCreated"
+	EventRowUpdated        = "RowUpdated"
+	EventRowDeleted        = "RowDeleted"
+	EventRowReleased       = "RowReleased"
+	EventRegistryError     = "RegistryError"
+	EventRowOwnedElsewhere = "RowOwnedElsewhere"
+	EventInvalidSpec       = "InvalidSpec"
+	EventSweepRefused      = "SweepRefused"
+)
+
+// sync brings the registry in line with one Student. It is level-based: it reads the
+// object from the cache, whatever event brought the key, and is safe to repeat.
+func (c *Controller) sync(ctx context.Context, key cache.ObjectName) error {
+	student, err := c.lister.Students(key.Namespace).Get(key.Name)
+	if apierrors.IsNotFound(err) {
+		// Gone: its finalizer saw to its row, or the sweep will.
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ctx = klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "student", klog.KObj(student)))
+	if student.DeletionTimestamp != nil {
+		return c.finalize(ctx, student)
+	}
+	return c.reconcile(ctx, student)
+}
+
+// reconcile makes the registry row of a live Student match its spec, then reports.
+// A Student already in line costs no write at all.
+func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) error {
+	logger := klog.FromContext(ctx)
+	s := cached.DeepCopy()
+
+	if problem := validateSpec(s.Spec); problem != "" {
+		changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonInvalidSpec, problem), s.Status.Registry)
+		if err != nil {
+			return err
+		}
+		if changed {
+			c.recorder.Event(s, corev1.EventTypeWarning, EventInvalidSpec, problem)
+		}
+		return terminal(fmt.Errorf("invalid spec: %s", problem))
+	}
+
+	if !slices.Contains(s.Finalizers, Finalizer) {
+		s.Finalizers = append(s.Finalizers, Finalizer)
+		updated, err := c.client.BolingcavalryV1().Students(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
+		if err != nil {
+			return fmt.Errorf("add finalizer: %w", err)
+		}
+		s = updated
+	}
+
+	want := c.record(s)
+	row, err := c.registry.Get(ctx, want.UID)
+	exists := err == nil
+	switch {
+	case errors.Is(err, registry.ErrNotFound):
+	case err != nil:
+		return c.registryFailed(ctx, s, err)
+	case row.Owner != c.cfg.Owner:
+		return c.ownedElsewhere(ctx, s, fmt.Errorf("row %s: %w", row.UID, registry.ErrNotOwned))
+	}
+
+	event := ""
+	if !exists || !sameRow(row, want) {
+		row, err = c.registry.Upsert(ctx, want)
+		if errors.Is(err, registry.ErrNotOwned) {
+			return c.ownedElsewhere(ctx, s, err)
+		}
+		if err != nil {
+			return c.registryFailed(ctx, s, err)
+		}
+		event = EventRowUpdated
+		if !exists || !sameRow(row, want) {
+			event = EventRowCreated
+		}
+		logger.V(2).Info("Wrote registry row", "event", event, "generation", row.Generation)
+	}
+
+	if _, err := c.updateStatus(ctx, s, ready(), registryStatus(row)); err != nil {
+		return err
+	}
+	if event != "" {
+		c.recorder.Eventf(s, corev1.EventTypeNormal, event, "Registry row written: %s, %s", row.StudentName, row.School)
+	}
+	return nil
+}
+
+// finalize deletes or releases the row of a Student being deleted, per its
+// deletionPolicy, then lets the Student go. While the registry fails, the Student
+// stays Terminating: a delete is never lost.
+func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) error {
+	if !slices.Contains(cached.Finalizers, Finalizer) {
+		return nil
+	}
+	logger := klog.FromContext(ctx)
+	s := cached.DeepCopy()
+
+	uid := string(s.UID)
+	var done bool
+	var err error
+	event, verb := EventRowDeleted, "deleted"
+	if s.Spec.DeletionPolicy == studentv1.DeletionPolicyOrphan {
+		event, verb = EventRowReleased, "released"
+		done, err = c.registry.Release(ctx, uid, c.cfg.Owner)
+	} else {
+		done, err = c.registry.Delete(ctx, uid, c.cfg.Owner)
+	}
+	switch {
+	case errors.Is(err, registry.ErrNotOwned):
+		// Not ours to touch: the Student may go, the row stays as its owner left it.
+		c.recorder.Eventf(s, corev1.EventTypeWarning, EventRowOwnedElsewhere, "Registry row left alone: %v", err)
+	case err != nil:
+		return c.registryFailed(ctx, s, err)
+	case done:
+		logger.V(2).Info("Registry row gone from this controller", "action", verb)
+		c.recorder.Eventf(s, corev1.EventTypeNormal, event, "Registry row %s (deletionPolicy %s)", verb, policy(s))
+	}
+
+	s.Finalizers = slices.DeleteFunc(s.Finalizers, func(f string) bool { return f == Finalizer })
+	if _, err := c.client.BolingcavalryV1().Students(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove finalizer: %w", err)
+	}
+	return nil
+}
+
+// registryFailed reports a registry failure on the Student and returns it for retry.
+func (c *Controller) registryFailed(ctx context.Context, s *studentv1.Student, cause error) error {
+	msg := "Registry unavailable: " + cause.Error()
+	if s.DeletionTimestamp != nil {
+		msg = "Waiting for the registry to let the row go: " + cause.Error()
+	}
+	if _, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRegistryUnavailable, msg), s.Status.Registry); err != nil && !apierrors.IsNotFound(err) {
+		return errors.Join(cause, err)
+	}
+	c.recorder.Event(s, corev1.EventTypeWarning, EventRegistryError, msg)
+	return fmt.Errorf("registry: %w", cause)
+}
+
+// ownedElsewhere reports that the row belongs to someone else. Retrying cannot change
+// that; the controller never takes a row over.
+func (c *Controller) ownedElsewhere(ctx context.Context, s *studentv1.Student, cause error) error {
+	msg := "The registry row belongs to another owner and is left alone: " + cause.Error()
+	changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRowOwnedElsewhere, msg), nil)
+	if err != nil {
+		return err
+	}
+	if changed {
+		c.recorder.Event(s, corev1.EventTypeWarning, EventRowOwnedElsewhere, msg)
+	}
+	return terminal(cause)
+}
+
+// record is the registry row that a Student should have.
+func (c *Controller) record(s *studentv1.Student) registry.Record { return recordOf(c.cfg.Owner, s) }
+
+func recordOf(owner string, s *studentv1.Student) registry.Record {
+	return registry.Record{
+		UID:         string(s.UID),
+		Namespace:   s.Namespace,
+		Name:        s.Name,
+		StudentName: s.Spec.Name,
+		School:      s.Spec.School,
+		Owner:       owner,
+		Generation:  s.Generation,
+	}
+}
+
+// sameRow says whether a stored row already holds what want would write.
+func sameRow(row, want registry.Record) bool {
+	return row.UID == want.UID && row.Namespace == want.Namespace && row.Name == want.Name &&
+		row.StudentName == want.StudentName && row.School == want.School &&
+		row.Owner == want.Owner && row.Generation == want.Generation
+}
+
+func policy(s *studentv1.Student) studentv1.DeletionPolicy {
+	if s.Spec.DeletionPolicy == "" {
+		return studentv1.DeletionPolicyDelete
+	}
+	return s.Spec.DeletionPolicy
+}
+
+// validateSpec repeats the CRD's validation, for objects stored before it existed or
+// written past it; it returns what is wrong, or "".
+func validateSpec(spec studentv1.StudentSpec) string {
+	blank := func(s string) bool { return len(s) == 0 || strings.TrimSpace(s) == "" }
+	switch {
+	case blank(spec.Name):
+		return "spec.name must not be empty or blank"
+	case utf8.RuneCountInString(spec.Name) > 128:
+		return fmt.Sprintf("spec.name is %d characters long, more than 128", utf8.RuneCountInString(spec.Name))
+	case blank(spec.School):
+		return "spec.school must not be empty or blank"
+	case utf8.RuneCountInString(spec.School) > 256:
+		return fmt.Sprintf("spec.school is %d characters long, more than 256", utf8.RuneCountInString(spec.School))
+	case spec.DeletionPolicy != "" && spec.DeletionPolicy != studentv1.DeletionPolicyDelete && spec.DeletionPolicy != studentv1.DeletionPolicyOrphan:
+		return fmt.Sprintf("spec.deletionPolicy %q is neither Delete nor Orphan", spec.DeletionPolicy)
+	}
+	return ""
+}

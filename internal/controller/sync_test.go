@@ -1,0 +1,344 @@
+package controller
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// row is what a test checks of a registry row.
+type row struct {
+	Owner       string
+	StudentName string
+	School      string
+	Generation  int64
+	Written     time.Time
+}
+
+type readyState struct {
+	Status  metav1.ConditionStatus
+	Reason  string
+	Written time.Time // status.registry.lastWrittenTime; zero when unset
+}
+
+func TestSync(t *testing.T) {
+	later := start.Add(time.Minute) // the clock at sync time
+	tests := map[string]struct {
+		student *studentv1.Student
+		rows    []registry.Record // in the registry before the sync, written at start
+		down    bool              // the registry is closed before the sync
+
+		wantErr       string // "", "retry" or "terminal"
+		wantRows      map[string]row
+		wantReady     *readyState // nil: the object has no Ready condition; ignored when gone
+		wantFinalizer bool
+		wantWrites    []string
+		wantEvents    []string
+	}{
+		"new student": {
+			student:       newStudent("a"),
+			wantRows:      map[string]row{"uid-a": {owner, "张三", "深圳中学", 1, later}},
+			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, later},
+			wantFinalizer: true,
+			wantWrites:    []string{"update students", "update students/status"},
+			wantEvents:    []string{"Normal RowCreated"},
+		},
+		"spec update": {
+			student: newStudent("a", withFinalizer, func(s *studentv1.Student) { s.Generation = 1 }, synced(start),
+				func(s *studentv1.Student) { s.Generation, s.Spec.School = 2, "北京四中" }),
+			rows:          []registry.Record{recordOf(owner, newStudent("a"))},
+			wantRows:      map[string]row{"uid-a": {owner, "张三", "北京四中", 2, later}},
+			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, later},
+			wantFinalizer: true,
+			wantWrites:    []string{"update students/status"},
+			wantEvents:    []string{"Normal RowUpdated"},
+		},
+		"no-op resync": {
+			student:       newStudent("a", withFinalizer, synced(start)),
+			rows:          []registry.Record{recordOf(owner, newStudent("a"))},
+			wantRows:      map[string]row{"uid-a": {owner, "张三", "深圳中学", 1, start}},
+			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantFinalizer: true,
+		},
+		"row deleted behind our back": {
+			student:       newStudent("a", withFinalizer, synced(start)),
+			wantRows:      map[string]row{"uid-a": {owner, "张三", "深圳中学", 1, later}},
+			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, later},
+			wantFinalizer: true,
+			wantWrites:    []string{"update students/status"},
+			wantEvents:    []string{"Normal RowCreated"},
+		},
+		"row changed behind our back": {
+			student: newStudent("a", withFinalizer, synced(start)),
+			rows: []registry.Record{func() registry.Record {
+				r := recordOf(owner, newStudent("a"))
+				r.School = "tampered"
+				return r
+			}()},
+			wantRows:      map[string]row{"uid-a": {owner, "张三", "深圳中学", 1, later}},
+			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, later},
+			wantFinalizer: true,
+			wantWrites:    []string{"update students/status"},
+			wantEvents:    []string{"Normal RowUpdated"},
+		},
+		"delete with policy Delete": {
+			student:    newStudent("a", withFinalizer, synced(start), deleting),
+			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
+			wantRows:   map[string]row{},
+			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantWrites: []string{"update students"},
+			wantEvents: []string{"Normal RowDeleted"},
+		},
+		"delete with policy Orphan": {
+			student:    newStudent("a", orphan, withFinalizer, synced(start), deleting),
+			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
+			wantRows:   map[string]row{}, // released: no owner, so in neither owner's list
+			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantWrites: []string{"update students"},
+			wantEvents: []string{"Normal RowReleased"},
+		},
+		"delete of a student whose row is gone": {
+			student:    newStudent("a", withFinalizer, synced(start), deleting),
+			wantRows:   map[string]row{},
+			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantWrites: []string{"update students"},
+		},
+		"delete leaves another owner's row": {
+			student:    newStudent("a", withFinalizer, deleting),
+			rows:       []registry.Record{recordOf("another-controller", newStudent("a"))},
+			wantRows:   map[string]row{"uid-a": {"another-controller", "张三", "深圳中学", 1, start}},
+			wantWrites: []string{"update students"},
+			wantEvents: []string{"Warning RowOwnedElsewhere"},
+		},
+		"registry down": {
+			student:       newStudent("a"),
+			down:          true,
+			wantErr:       "retry",
+			wantReady:     &readyState{metav1.ConditionFalse, studentv1.ReasonRegistryUnavailable, time.Time{}},
+			wantFinalizer: true,
+			wantWrites:    []string{"update students", "update students/status"},
+			wantEvents:    []string{"Warning RegistryError"},
+		},
+		"registry down keeps the last written time": {
+			student:       newStudent("a", withFinalizer, synced(start)),
+			down:          true,
+			wantErr:       "retry",
+			wantReady:     &readyState{metav1.ConditionFalse, studentv1.ReasonRegistryUnavailable, start},
+			wantFinalizer: true,
+			wantWrites:    []string{"update students/status"},
+			wantEvents:    []string{"Warning RegistryError"},
+		},
+		"registry down while deleting": {
+			student:       newStudent("a", withFinalizer, synced(start), deleting),
+			down:          true,
+			wantErr:       "retry",
+			wantReady:     &readyState{metav1.ConditionFalse, studentv1.ReasonRegistryUnavailable, start},
+			wantFinalizer: true, // still Terminating: the delete is not lost
+			wantWrites:    []string{"update students/status"},
+			wantEvents:    []string{"Warning RegistryError"},
+		},
+		"invalid spec": {
+			student:    newStudent("a", func(s *studentv1.Student) { s.Spec.Name = "  " }),
+			wantErr:    "terminal",
+			wantRows:   map[string]row{},
+			wantReady:  &readyState{metav1.ConditionFalse, studentv1.ReasonInvalidSpec, time.Time{}},
+			wantWrites: []string{"update students/status"},
+			wantEvents: []string{"Warning InvalidSpec"},
+		},
+		"row owned by another controller": {
+			student:       newStudent("a"),
+			rows:          []registry.Record{recordOf("another-controller", newStudent("a"))},
+			wantErr:       "terminal",
+			wantRows:      map[string]row{"uid-a": {"another-controller", "张三", "深圳中学", 1, start}},
+			wantReady:     &readyState{metav1.ConditionFalse, studentv1.ReasonRowOwnedElsewhere, time.Time{}},
+			wantFinalizer: true,
+			wantWrites:    []string{"update students", "update students/status"},
+			wantEvents:    []string{"Warning RowOwnedElsewhere"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, tc.student)
+			for _, r := range tc.rows {
+				if _, err := f.registry.Upsert(f.ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.clock.SetTime(later)
+			if tc.down {
+				f.registry.Close()
+			}
+
+			err := f.ctrl.sync(f.ctx, cache.MetaObjectToName(tc.student))
+			var term *terminalError
+			switch gotErr := map[bool]string{true: "terminal", false: "retry"}[errors.As(err, &term)]; {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("sync: %v", err)
+			case tc.wantErr != "" && err == nil:
+				t.Errorf("sync succeeded, want a %s error", tc.wantErr)
+			case tc.wantErr != "" && gotErr != tc.wantErr:
+				t.Errorf("sync: %v is a %s error, want %s", err, gotErr, tc.wantErr)
+			}
+
+			if diff := cmp.Diff(tc.wantWrites, f.writes()); diff != "" {
+				t.Errorf("API writes (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantEvents, f.events()); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			if !tc.down {
+				got := map[string]row{}
+				for uid, r := range f.rows() {
+					got[uid] = row{r.Owner, r.StudentName, r.School, r.Generation, r.UpdatedAt}
+				}
+				want := tc.wantRows
+				if want == nil {
+					want = map[string]row{}
+				}
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("registry rows (-want +got):\n%s", diff)
+				}
+			}
+
+			s := f.get(tc.student.Namespace, tc.student.Name)
+			if got := slices.Contains(s.Finalizers, Finalizer); got != tc.wantFinalizer {
+				t.Errorf("finalizer present = %v, want %v", got, tc.wantFinalizer)
+			}
+			cond := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady)
+			if tc.wantReady == nil {
+				if cond != nil {
+					t.Errorf("Ready = %+v, want none", cond)
+				}
+				return
+			}
+			if cond == nil {
+				t.Fatalf("no Ready condition; status %+v", s.Status)
+			}
+			var written time.Time
+			if s.Status.Registry != nil && s.Status.Registry.LastWrittenTime != nil {
+				written = s.Status.Registry.LastWrittenTime.UTC()
+			}
+			got := readyState{cond.Status, cond.Reason, written}
+			if diff := cmp.Diff(*tc.wantReady, got); diff != "" {
+				t.Errorf("Ready (-want +got):\n%s\nmessage: %s", diff, cond.Message)
+			}
+			if s.Status.ObservedGeneration != s.Generation || cond.ObservedGeneration != s.Generation {
+				t.Errorf("observedGeneration %d, condition's %d, want %d", s.Status.ObservedGeneration, cond.ObservedGeneration, s.Generation)
+			}
+		})
+	}
+}
+
+// TestSyncWriteEconomy: a new Student costs two API writes and one registry write; the
+// syncs its own writes bring back, and any resync after, cost nothing.
+func TestSyncWriteEconomy(t *testing.T) {
+	f := newFixture(t, newStudent("a"))
+	key := cache.ObjectName{Namespace: "school", Name: "a"}
+	if err := f.ctrl.sync(f.ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.writes(); len(got) != 2 {
+		t.Errorf("a new Student cost API writes %v, want 2", got)
+	}
+	written := f.rows()["uid-a"].UpdatedAt
+
+	for i := range 3 {
+		f.clock.Step(time.Minute)
+		f.observe("school", "a") // the watch delivers the controller's own writes
+		if err := f.ctrl.sync(f.ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.writes(); len(got) != 0 {
+			t.Errorf("resync %d cost API writes %v, want none", i, got)
+		}
+		if got := f.rows()["uid-a"].UpdatedAt; !got.Equal(written) {
+			t.Errorf("resync %d rewrote the row at %v", i, got)
+		}
+	}
+	if got := f.events(); len(got) != 1 {
+		t.Errorf("events %v, want the one RowCreated", got)
+	}
+}
+
+// TestEnqueue: handlers only queue keys, tombstones of deleted objects included, and a
+// change to status alone queues nothing.
+func TestEnqueue(t *testing.T) {
+	logger, _ := ktesting.NewTestContext(t)
+	s := newStudent("a")
+	s.ResourceVersion = "1"
+	statusOnly := s.DeepCopy()
+	statusOnly.ResourceVersion = "2"
+	statusOnly.Status.ObservedGeneration = 1
+	specChange := statusOnly.DeepCopy()
+	specChange.Generation = 2
+	finalizerAdded := statusOnly.DeepCopy()
+	withFinalizer(finalizerAdded)
+
+	tests := map[string]struct {
+		handle func(c *Controller)
+		want   int
+	}{
+		"add":             {func(c *Controller) { c.enqueue(logger, s) }, 1},
+		"tombstone":       {func(c *Controller) { c.enqueue(logger, cache.DeletedFinalStateUnknown{Key: "school/a", Obj: s}) }, 1},
+		"not an object":   {func(c *Controller) { c.enqueue(logger, 42) }, 0},
+		"resync":          {func(c *Controller) { c.enqueueUpdate(logger, s, s) }, 1},
+		"status only":     {func(c *Controller) { c.enqueueUpdate(logger, s, statusOnly) }, 0},
+		"spec change":     {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, specChange) }, 1},
+		"finalizer added": {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, finalizerAdded) }, 1},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			tc.handle(f.ctrl)
+			if got := f.ctrl.queue.Len(); got != tc.want {
+				t.Fatalf("queue length %d, want %d", got, tc.want)
+			}
+			if tc.want == 1 {
+				key, _ := f.ctrl.queue.Get()
+				if key != (cache.ObjectName{Namespace: "school", Name: "a"}) {
+					t.Errorf("queued %v, want school/a", key)
+				}
+			}
+		})
+	}
+}
+
+// TestProcessNextWorkItem: the worker loop's outcomes: done, retry with backoff, and
+// terminal (no retry).
+func TestProcessNextWorkItem(t *testing.T) {
+	tests := map[string]struct {
+		student     *studentv1.Student
+		down        bool
+		wantRetries int
+	}{
+		"done":     {student: newStudent("a")},
+		"retry":    {student: newStudent("a"), down: true, wantRetries: 1},
+		"terminal": {student: newStudent("a", func(s *studentv1.Student) { s.Spec.School = "" })},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, tc.student)
+			if tc.down {
+				f.registry.Close()
+			}
+			key := cache.MetaObjectToName(tc.student)
+			f.ctrl.queue.Add(key)
+			if !f.ctrl.processNextWorkItem(f.ctx) {
+				t.Fatal("processNextWorkItem stopped")
+			}
+			if got := f.ctrl.queue.NumRequeues(key); got != tc.wantRetries {
+				t.Errorf("retries %d, want %d", got, tc.wantRetries)
+			}
+		})
+	}
+}

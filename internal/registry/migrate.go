@@ -1,0 +1,115 @@
+package registry
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+//go:embed migrations
+var migrationFiles embed.FS
+
+// migration is one embedded schema change, named NNNN_what.sql.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func loadMigrations(d *dialect) ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFiles, d.migrations)
+	if err != nil {
+		return nil, fmt.Errorf("read embedded migrations: %w", err)
+	}
+	var out []migration
+	for _, e := range entries {
+		prefix, _, ok := strings.Cut(e.Name(), "_")
+		version, err := strconv.Atoi(prefix)
+		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
+			return nil, fmt.Errorf("embedded migration %q is not named NNNN_what.sql", e.Name())
+		}
+		body, err := fs.ReadFile(migrationFiles, path.Join(d.migrations, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, migration{version: version, name: e.Name(), sql: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// migrate applies the embedded migrations that the database lacks, in one transaction
+// under the database's write lock, so that it is safe when two controllers start at
+// once and leaves the schema untouched when a migration fails.
+func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time) error {
+	migrations, err := loadMigrations(d)
+	if err != nil {
+		return err
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin migration: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+
+	if d.lockMigrations != "" {
+		if _, err := tx.ExecContext(ctx, d.lockMigrations); err != nil {
+			return fmt.Errorf("lock for migration: %w", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    INTEGER   NOT NULL PRIMARY KEY,
+		name       TEXT      NOT NULL,
+		applied_at TIMESTAMP NOT NULL
+	)`); err != nil {
+		return fmt.Errorf("create schema_migrations: %w", err)
+	}
+	applied := map[int]bool{}
+	rows, err := tx.QueryContext(ctx, `SELECT version FROM schema_migrations`)
+	if err != nil {
+		return fmt.Errorf("read schema_migrations: %w", err)
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return fmt.Errorf("read schema_migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("read schema_migrations: %w", err)
+	}
+	latest := 0
+	for _, m := range migrations {
+		latest = max(latest, m.version)
+	}
+	for v := range applied {
+		if v > latest {
+			return fmt.Errorf("the registry's schema is at version %d, newer than this controller knows (%d): run a newer controller", v, latest)
+		}
+	}
+	for _, m := range migrations {
+		if applied[m.version] {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+			return fmt.Errorf("apply migration %s: %w", m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, d.rebind(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`),
+			m.version, m.name, now.UTC()); err != nil {
+			return fmt.Errorf("record migration %s: %w", m.name, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit migration: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,233 @@
+package registry
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+var (
+	// ErrNotFound: the registry has no row for that UID.
+	ErrNotFound = errors.New("no registry row")
+	// ErrNotOwned: the row belongs to another owner, or was released; the registry
+	// refuses to change or delete it on behalf of this owner.
+	ErrNotOwned = errors.New("registry row not owned")
+)
+
+// Record is one row of the students table.
+type Record struct {
+	// UID is the Student object's metadata.uid; the primary key.
+	UID string
+	// Namespace and Name name the Student object.
+	Namespace string
+	Name      string
+	// StudentName is the student's display name (spec.name).
+	StudentName string
+	// School is spec.school.
+	School string
+	// Owner is the controller instance that owns the row; empty once released.
+	Owner string
+	// Generation is the object's metadata.generation last written.
+	Generation int64
+	// CreatedAt and UpdatedAt are set by the registry on write.
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// ReleasedAt is when the row was released; zero while it is owned.
+	ReleasedAt time.Time
+}
+
+// Options tune a Registry. The zero value is ready to use.
+type Options struct {
+	// Now is the clock that stamps rows; time.Now when nil.
+	Now func() time.Time
+}
+
+// Registry is the student registry over one database.
+type Registry struct {
+	db      *sql.DB
+	dialect *dialect
+	display string
+	now     func() time.Time
+}
+
+// Open connects to the registry at rawURL (see parseURL for the forms it takes) and
+// brings its schema up to date. The database/sql driver for the URL's scheme must be
+// registered by the program: modernc.org/sqlite for sqlite.
+func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
+	src, err := parseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(sql.Drivers(), src.dialect.driver) {
+		return nil, fmt.Errorf("open registry %s: database/sql driver %q is not registered in this program", src.display, src.dialect.driver)
+	}
+	db, err := sql.Open(src.dialect.driver, src.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open registry %s: %w", src.display, err)
+	}
+	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open registry %s: %w", src.display, err)
+	}
+	if err := migrate(ctx, db, src.dialect, r.now()); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate registry %s: %w", src.display, err)
+	}
+	return r, nil
+}
+
+// String names the registry for logs; it never holds a password.
+func (r *Registry) String() string { return r.display }
+
+// Close closes the database connections.
+func (r *Registry) Close() error { return r.db.Close() }
+
+// Ping reports whether the database answers.
+func (r *Registry) Ping(ctx context.Context) error { return r.db.PingContext(ctx) }
+
+const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at`
+
+func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
+	var rec Record
+	var owner sql.NullString
+	var released sql.NullTime
+	err := row.Scan(&rec.UID, &rec.Namespace, &rec.Name, &rec.StudentName, &rec.School,
+		&owner, &rec.Generation, &rec.CreatedAt, &rec.UpdatedAt, &released)
+	if err != nil {
+		return Record{}, err
+	}
+	rec.Owner = owner.String
+	rec.CreatedAt = rec.CreatedAt.UTC()
+	rec.UpdatedAt = rec.UpdatedAt.UTC()
+	if released.Valid {
+		rec.ReleasedAt = released.Time.UTC()
+	}
+	return rec, nil
+}
+
+// Get returns the row for uid, or ErrNotFound.
+func (r *Registry) Get(ctx context.Context, uid string) (Record, error) {
+	rec, err := scanRecord(r.db.QueryRowContext(ctx, r.dialect.rebind(`SELECT `+columns+` FROM students WHERE uid = ?`), uid))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Record{}, fmt.Errorf("uid %s: %w", uid, ErrNotFound)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("get row %s: %w", uid, err)
+	}
+	return rec, nil
+}
+
+// List returns the rows that owner owns, by namespace and name.
+func (r *Registry) List(ctx context.Context, owner string) ([]Record, error) {
+	rows, err := r.db.QueryContext(ctx, r.dialect.rebind(`SELECT `+columns+` FROM students WHERE owner = ? ORDER BY namespace, name, uid`), owner)
+	if err != nil {
+		return nil, fmt.Errorf("list rows of %q: %w", owner, err)
+	}
+	defer rows.Close()
+	var out []Record
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list rows of %q: %w", owner, err)
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list rows of %q: %w", owner, err)
+	}
+	return out, nil
+}
+
+// Upsert writes rec as rec.Owner: it inserts the row, or updates it when rec.Owner
+// owns it, and returns the row as stored. A row with another owner, or a released one,
+// is left alone and ErrNotOwned returned.
+func (r *Registry) Upsert(ctx context.Context, rec Record) (Record, error) {
+	if rec.UID == "" || rec.Owner == "" {
+		return Record{}, fmt.Errorf("upsert row: uid and owner are required (uid %q, owner %q)", rec.UID, rec.Owner)
+	}
+	now := r.now().UTC()
+	stored := rec
+	err := r.db.QueryRowContext(ctx, r.dialect.rebind(`
+		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (uid) DO UPDATE SET
+			namespace = excluded.namespace,
+			name = excluded.name,
+			student_name = excluded.student_name,
+			school = excluded.school,
+			generation = excluded.generation,
+			updated_at = excluded.updated_at
+		WHERE students.owner = excluded.owner
+		RETURNING created_at, updated_at`),
+		rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, now,
+	).Scan(&stored.CreatedAt, &stored.UpdatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Record{}, r.notOwned(ctx, rec.UID)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("upsert row %s: %w", rec.UID, err)
+	}
+	stored.CreatedAt = stored.CreatedAt.UTC()
+	stored.UpdatedAt = stored.UpdatedAt.UTC()
+	stored.ReleasedAt = time.Time{}
+	return stored, nil
+}
+
+// Delete deletes the row for uid if owner owns it. It reports whether a row was
+// deleted: a missing row is no error (the delete already happened); a row with another
+// owner is ErrNotOwned.
+func (r *Registry) Delete(ctx context.Context, uid, owner string) (bool, error) {
+	res, err := r.db.ExecContext(ctx, r.dialect.rebind(`DELETE FROM students WHERE uid = ? AND owner = ?`), uid, owner)
+	if err != nil {
+		return false, fmt.Errorf("delete row %s: %w", uid, err)
+	}
+	return r.changedOrAbsent(ctx, res, uid)
+}
+
+// Release gives up owner's claim on the row for uid: the row stays, with no owner, and
+// no controller changes it again. It reports whether a row was released: a missing row
+// is no error; a row with another owner, or already released, is ErrNotOwned.
+func (r *Registry) Release(ctx context.Context, uid, owner string) (bool, error) {
+	now := r.now().UTC()
+	res, err := r.db.ExecContext(ctx, r.dialect.rebind(
+		`UPDATE students SET owner = NULL, released_at = ?, updated_at = ? WHERE uid = ? AND owner = ?`),
+		now, now, uid, owner)
+	if err != nil {
+		return false, fmt.Errorf("release row %s: %w", uid, err)
+	}
+	return r.changedOrAbsent(ctx, res, uid)
+}
+
+func (r *Registry) changedOrAbsent(ctx context.Context, res sql.Result, uid string) (bool, error) {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("row %s: %w", uid, err)
+	}
+	if n > 0 {
+		return true, nil
+	}
+	err = r.notOwned(ctx, uid)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	return false, err
+}
+
+// notOwned explains why a write guarded by owner changed nothing.
+func (r *Registry) notOwned(ctx context.Context, uid string) error {
+	rec, err := r.Get(ctx, uid)
+	if err != nil {
+		return err
+	}
+	if rec.Owner == "" {
+		return fmt.Errorf("row %s was released at %s: %w", uid, rec.ReleasedAt.Format(time.RFC3339), ErrNotOwned)
+	}
+	return fmt.Errorf("row %s is owned by %q: %w", uid, rec.Owner, ErrNotOwned)
+}

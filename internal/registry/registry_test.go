@@ -1,0 +1,401 @@
+package registry_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	_ "modernc.org/sqlite"
+
+	"github.com/student-controller/student-controller/internal/registry"
+)
+
+// fakeClock hands out times one second apart, so that every write's stamp differs.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(time.Second)
+	return c.now
+}
+
+// backend opens a fresh, empty registry of one kind; the suite runs on each.
+type backend struct {
+	name string
+	url  func(t *testing.T) string
+	// lock makes the registry refuse writes until the returned function is called.
+	lock func(t *testing.T, url string) (unlock func())
+}
+
+func sqliteBackend() backend {
+	return backend{
+		name: "sqlite",
+		url: func(t *testing.T) string {
+			return "sqlite://" + filepath.Join(t.TempDir(), "registry.db")
+		},
+		lock: func(t *testing.T, url string) func() {
+			t.Helper()
+			// Another process holding the write lock: what a backup tool or a stuck
+			// writer does to the file.
+			db, err := sql.Open("sqlite", "file:"+url[len("sqlite://"):])
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := db.Conn(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.ExecContext(context.Background(), "BEGIN EXCLUSIVE"); err != nil {
+				t.Fatal(err)
+			}
+			return func() {
+				_, _ = conn.ExecContext(context.Background(), "ROLLBACK")
+				conn.Close()
+				db.Close()
+			}
+		},
+	}
+}
+
+func TestRegistry(t *testing.T) {
+	for _, b := range []backend{sqliteBackend()} {
+		t.Run(b.name, func(t *testing.T) { runSuite(t, b) })
+	}
+}
+
+func open(t *testing.T, url string, clock *fakeClock) *registry.Registry {
+	t.Helper()
+	r, err := registry.Open(context.Background(), url, registry.Options{Now: clock.Now})
+	if err != nil {
+		t.Fatalf("open %s: %v", url, err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func student(uid, owner string) registry.Record {
+	return registry.Record{
+		UID: uid, Namespace: "default", Name: "zhang-san-" + uid,
+		StudentName: "张三", School: "深圳中学", Owner: owner, Generation: 1,
+	}
+}
+
+// runSuite is the registry's behaviour, the same on every backend.
+func runSuite(t *testing.T, b backend) {
+	ctx := context.Background()
+
+	t.Run("insert then read back", func(t *testing.T) {
+		clock := newFakeClock()
+		r := open(t, b.url(t), clock)
+		want := student("u1", "ctl")
+		stored, err := r.Upsert(ctx, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want.CreatedAt = time.Date(2026, 11, 29, 8, 0, 2, 0, time.UTC) // the first tick went to the migration
+		want.UpdatedAt = want.CreatedAt
+		if diff := cmp.Diff(want, stored); diff != "" {
+			t.Errorf("Upsert returned (-want +got):\n%s", diff)
+		}
+		got, err := r.Get(ctx, "u1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("Get returned (-want +got):\n%s", diff)
+		}
+		if _, err := r.Get(ctx, "nope"); !errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("Get of a missing row: %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("update by owner keeps created_at", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		first, err := r.Upsert(ctx, student("u1", "ctl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		changed := student("u1", "ctl")
+		changed.School, changed.Generation = "北京四中", 2
+		second, err := r.Upsert(ctx, changed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := r.Get(ctx, "u1")
+		if got.School != "北京四中" || got.Generation != 2 {
+			t.Errorf("row after update: %+v", got)
+		}
+		if !got.CreatedAt.Equal(first.CreatedAt) || !got.UpdatedAt.After(first.UpdatedAt) || !got.UpdatedAt.Equal(second.UpdatedAt) {
+			t.Errorf("timestamps: first %+v, second %+v, stored %+v", first, second, got)
+		}
+	})
+
+	t.Run("other owners are never changed", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		theirs, err := r.Upsert(ctx, student("u1", "someone-else"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine := student("u1", "ctl")
+		mine.School = "北京四中"
+		if _, err := r.Upsert(ctx, mine); !errors.Is(err, registry.ErrNotOwned) {
+			t.Errorf("Upsert over another owner's row: %v, want ErrNotOwned", err)
+		}
+		if deleted, err := r.Delete(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrNotOwned) || deleted {
+			t.Errorf("Delete of another owner's row: %v, %v, want ErrNotOwned", deleted, err)
+		}
+		if released, err := r.Release(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrNotOwned) || released {
+			t.Errorf("Release of another owner's row: %v, %v, want ErrNotOwned", released, err)
+		}
+		got, _ := r.Get(ctx, "u1")
+		if diff := cmp.Diff(theirs, got); diff != "" {
+			t.Errorf("another owner's row changed (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("delete", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+			t.Fatal(err)
+		}
+		if deleted, err := r.Delete(ctx, "u1", "ctl"); err != nil || !deleted {
+			t.Fatalf("Delete: %v, %v, want true, nil", deleted, err)
+		}
+		if _, err := r.Get(ctx, "u1"); !errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("row still there after Delete: %v", err)
+		}
+		// A delete is idempotent: once more is no error and deletes nothing.
+		if deleted, err := r.Delete(ctx, "u1", "ctl"); err != nil || deleted {
+			t.Errorf("second Delete: %v, %v, want false, nil", deleted, err)
+		}
+	})
+
+	t.Run("release", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		written, err := r.Upsert(ctx, student("u1", "ctl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if released, err := r.Release(ctx, "u1", "ctl"); err != nil || !released {
+			t.Fatalf("Release: %v, %v, want true, nil", released, err)
+		}
+		got, err := r.Get(ctx, "u1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Owner != "" || got.ReleasedAt.IsZero() || got.StudentName != written.StudentName || got.School != written.School {
+			t.Errorf("released row: %+v", got)
+		}
+		// Released means no controller changes it again, its old owner included.
+		if _, err := r.Upsert(ctx, student("u1", "ctl")); !errors.Is(err, registry.ErrNotOwned) {
+			t.Errorf("Upsert over a released row: %v, want ErrNotOwned", err)
+		}
+		if _, err := r.Delete(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrNotOwned) {
+			t.Errorf("Delete of a released row: %v, want ErrNotOwned", err)
+		}
+		if released, err := r.Release(ctx, "missing", "ctl"); err != nil || released {
+			t.Errorf("Release of a missing row: %v, %v, want false, nil", released, err)
+		}
+		if rows, _ := r.List(ctx, "ctl"); len(rows) != 0 {
+			t.Errorf("List shows released rows: %+v", rows)
+		}
+	})
+
+	t.Run("list by owner", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		for _, rec := range []registry.Record{student("b", "ctl"), student("a", "ctl"), student("c", "other")} {
+			if _, err := r.Upsert(ctx, rec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rows, err := r.List(ctx, "ctl")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var uids []string
+		for _, row := range rows {
+			uids = append(uids, row.UID)
+		}
+		if diff := cmp.Diff([]string{"a", "b"}, uids); diff != "" {
+			t.Errorf("List(ctl) (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("reopen keeps rows and schema", func(t *testing.T) {
+		url := b.url(t)
+		r := open(t, url, newFakeClock())
+		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		again := open(t, url, newFakeClock())
+		if _, err := again.Get(ctx, "u1"); err != nil {
+			t.Errorf("row lost across reopen: %v", err)
+		}
+	})
+
+	t.Run("concurrent writers", func(t *testing.T) {
+		url := b.url(t)
+		// Two registries on one database, as two processes would be, each with workers.
+		regs := []*registry.Registry{open(t, url, newFakeClock()), open(t, url, newFakeClock())}
+		const perWorker = 40
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*4*perWorker)
+		for i, r := range regs {
+			for w := range 4 {
+				wg.Go(func() {
+					for n := range perWorker {
+						rec := student(fmt.Sprintf("r%d-w%d-%d", i, w, n), fmt.Sprintf("ctl-%d", i))
+						if _, err := r.Upsert(ctx, rec); err != nil {
+							errs <- err
+						}
+						rec.School = "updated"
+						if _, err := r.Upsert(ctx, rec); err != nil {
+							errs <- err
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("concurrent write: %v", err)
+		}
+		for i, r := range regs {
+			rows, err := r.List(ctx, fmt.Sprintf("ctl-%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) != 4*perWorker {
+				t.Errorf("owner ctl-%d has %d rows, want %d", i, len(rows), 4*perWorker)
+			}
+			for _, row := range rows {
+				if row.School != "updated" {
+					t.Errorf("row %s lost its update: %+v", row.UID, row)
+					break
+				}
+			}
+		}
+	})
+
+	t.Run("unreachable database", func(t *testing.T) {
+		url := b.url(t)
+		r := open(t, url, newFakeClock())
+		unlock := b.lock(t, url)
+		_, err := r.Upsert(ctx, student("u1", "ctl"))
+		if err == nil {
+			unlock()
+			t.Fatal("Upsert succeeded while the database refused writes")
+		}
+		if errors.Is(err, registry.ErrNotOwned) || errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("an outage reads as %v", err)
+		}
+		unlock()
+		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+			t.Errorf("Upsert after the outage: %v", err)
+		}
+	})
+}
+
+func TestOpenErrors(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	tests := map[string]struct {
+		url  string
+		want string
+	}{
+		"no scheme":         {url: "registry.db", want: `want sqlite:///ABSOLUTE/PATH.db or sqlite:RELATIVE/PATH.db`},
+		"unknown scheme":    {url: "mysql://db/students", want: `unsupported scheme "mysql"`},
+		"sqlite with host":  {url: "sqlite://host/registry.db", want: "a SQLite URL has no host"},
+		"sqlite no file":    {url: "sqlite:///" + dir + "/", want: "names no file"},
+		"sqlite parameters": {url: "sqlite:///" + dir + "/r.db?mode=ro", want: "SQLite URLs take no parameters"},
+		"missing folder":    {url: "sqlite://" + dir + "/no/such/folder/r.db", want: "open registry sqlite://" + dir + "/no/such/folder/r.db"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			r, err := registry.Open(ctx, tc.url, registry.Options{})
+			if err == nil {
+				r.Close()
+				t.Fatalf("Open(%q) succeeded", tc.url)
+			}
+			if !contains(err.Error(), tc.want) {
+				t.Errorf("Open(%q) = %q, want it to contain %q", tc.url, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRelativeSQLitePath(t *testing.T) {
+	t.Chdir(t.TempDir())
+	r, err := registry.Open(context.Background(), "sqlite:registry.db", registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	want, _ := filepath.Abs("registry.db")
+	if r.String() != "sqlite://"+want {
+		t.Errorf("String() = %q, want sqlite://%s", r.String(), want)
+	}
+}
+
+// TestSQLiteWAL: the file is in WAL mode, so readers outside the controller (reporting,
+// backups) never block it and are never blocked by it.
+func TestSQLiteWAL(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "registry.db")
+	r, err := registry.Open(context.Background(), "sqlite://"+path, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var mode string
+	if err := db.QueryRow("PRAGMA journal_mode").Scan(&mode); err != nil {
+		t.Fatal(err)
+	}
+	if mode != "wal" {
+		t.Errorf("journal_mode = %q, want wal", mode)
+	}
+}
+
+func TestNewerSchemaRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "registry.db")
+	r, err := registry.Open(context.Background(), "sqlite://"+path, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, '0999_future.sql', '2030-01-01')`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	_, err = registry.Open(context.Background(), "sqlite://"+path, registry.Options{})
+	if err == nil || !contains(err.Error(), "schema is at version 999, newer than this controller knows") {
+		t.Errorf("Open over a newer schema: %v", err)
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
