@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
@@ -148,18 +150,26 @@ func (c *Controller) enqueueUpdate(logger klog.Logger, oldObj, newObj any) {
 	}
 }
 
-// needsSync says whether an update can change what sync does. A change to status
-// alone (the controller's own status writes among them) cannot; a resync, which
-// repeats the same object, can, since the registry may have drifted.
+// needsSync says whether an update can change what sync does. A resync, which repeats
+// the same object, can, since the registry may have drifted. The controller's own
+// writes cannot: a change to status alone, or the addition of its finalizer, which
+// the same sync followed with the row and the status. Syncing on them would only read
+// a cache that may not have caught up yet with that status, and write it again.
 func needsSync(oldObj, newObj any) bool {
 	oldS, ok1 := oldObj.(*studentv1.Student)
 	newS, ok2 := newObj.(*studentv1.Student)
 	if !ok1 || !ok2 || oldS.ResourceVersion == newS.ResourceVersion {
 		return true
 	}
-	return oldS.Generation != newS.Generation ||
-		!equality.Semantic.DeepEqual(oldS.DeletionTimestamp, newS.DeletionTimestamp) ||
-		!equality.Semantic.DeepEqual(oldS.Finalizers, newS.Finalizers)
+	if oldS.Generation != newS.Generation || !equality.Semantic.DeepEqual(oldS.DeletionTimestamp, newS.DeletionTimestamp) {
+		return true
+	}
+	if equality.Semantic.DeepEqual(oldS.Finalizers, newS.Finalizers) {
+		return false
+	}
+	ownFinalizerAdded := !slices.Contains(oldS.Finalizers, Finalizer) &&
+		slices.Equal(append(slices.Clone(oldS.Finalizers), Finalizer), newS.Finalizers)
+	return !ownFinalizerAdded
 }
 
 // Run waits for the informer cache, then runs workers and the periodic sweep until ctx
@@ -231,6 +241,10 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		// Retrying cannot help; a change to the object brings it back.
 		c.queue.Forget(key)
 		klog.FromContext(ctx).V(2).Info("Not retrying", "student", key, "reason", err)
+	case apierrors.IsConflict(err):
+		// The cache was behind the API server; the retry reads the newer object.
+		c.queue.AddRateLimited(key)
+		klog.FromContext(ctx).V(2).Info("Conflict; will retry", "student", key, "err", err)
 	default:
 		c.queue.AddRateLimited(key)
 		utilruntime.HandleErrorWithContext(ctx, err, "Syncing Student failed; will retry", "student", key, "retries", c.queue.NumRequeues(key))

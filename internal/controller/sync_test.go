@@ -283,18 +283,27 @@ func TestEnqueue(t *testing.T) {
 	specChange.Generation = 2
 	finalizerAdded := statusOnly.DeepCopy()
 	withFinalizer(finalizerAdded)
+	finalizerAdded.ResourceVersion = "3"
+	otherFinalizer := statusOnly.DeepCopy()
+	otherFinalizer.Finalizers = []string{"example.com/other"}
+	otherFinalizer.ResourceVersion = "3"
+	finalizerRemoved := finalizerAdded.DeepCopy()
+	finalizerRemoved.ResourceVersion = "4"
+	finalizerRemoved.Finalizers = nil
 
 	tests := map[string]struct {
 		handle func(c *Controller)
 		want   int
 	}{
-		"add":             {func(c *Controller) { c.enqueue(logger, s) }, 1},
-		"tombstone":       {func(c *Controller) { c.enqueue(logger, cache.DeletedFinalStateUnknown{Key: "school/a", Obj: s}) }, 1},
-		"not an object":   {func(c *Controller) { c.enqueue(logger, 42) }, 0},
-		"resync":          {func(c *Controller) { c.enqueueUpdate(logger, s, s) }, 1},
-		"status only":     {func(c *Controller) { c.enqueueUpdate(logger, s, statusOnly) }, 0},
-		"spec change":     {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, specChange) }, 1},
-		"finalizer added": {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, finalizerAdded) }, 1},
+		"add":                   {func(c *Controller) { c.enqueue(logger, s) }, 1},
+		"tombstone":             {func(c *Controller) { c.enqueue(logger, cache.DeletedFinalStateUnknown{Key: "school/a", Obj: s}) }, 1},
+		"not an object":         {func(c *Controller) { c.enqueue(logger, 42) }, 0},
+		"resync":                {func(c *Controller) { c.enqueueUpdate(logger, s, s) }, 1},
+		"status only":           {func(c *Controller) { c.enqueueUpdate(logger, s, statusOnly) }, 0},
+		"spec change":           {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, specChange) }, 1},
+		"own finalizer added":   {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, finalizerAdded) }, 0},
+		"other finalizer added": {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, otherFinalizer) }, 1},
+		"own finalizer removed": {func(c *Controller) { c.enqueueUpdate(logger, finalizerAdded, finalizerRemoved) }, 1},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -1,0 +1,240 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	_ "modernc.org/sqlite"
+
+	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
+	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
+	"github.com/student-controller/student-controller/test/testenv"
+)
+
+const owner = "e2e-controller"
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	var err error
+	env, err = testenv.Start()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "stop control plane: %v\n", err)
+	}
+	os.Exit(code)
+}
+
+// requestCounter counts the API requests that pass through it, by verb and resource.
+type requestCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+		if req.Method != http.MethodGet {
+			c.mu.Lock()
+			c.counts[req.Method+" "+resourceOf(req.URL.Path)]++
+			c.mu.Unlock()
+		}
+		return rt.RoundTrip(req)
+	})
+}
+
+// writes returns the write requests counted so far, by method and resource.
+func (c *requestCounter) writes() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range c.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// total is the number of write requests counted so far.
+func (c *requestCounter) total() int {
+	n := 0
+	for _, v := range c.writes() {
+		n += v
+	}
+	return n
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// resourceOf turns /apis/g/v/namespaces/ns/students/name/status into students/status.
+func resourceOf(path string) string {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	for i := 0; i+1 < len(parts); i++ {
+		if parts[i] == "namespaces" && i+2 < len(parts) {
+			rest := parts[i+2:]
+			if len(rest) >= 3 {
+				return rest[0] + "/" + rest[2]
+			}
+			return rest[0]
+		}
+	}
+	return path
+}
+
+// countingRegistry counts the calls the controller makes to the real registry.
+type countingRegistry struct {
+	*registry.Registry
+	gets, writes atomic.Int64
+}
+
+func (r *countingRegistry) Get(ctx context.Context, uid string) (registry.Record, error) {
+	r.gets.Add(1)
+	return r.Registry.Get(ctx, uid)
+}
+
+func (r *countingRegistry) Upsert(ctx context.Context, rec registry.Record) (registry.Record, error) {
+	r.writes.Add(1)
+	return r.Registry.Upsert(ctx, rec)
+}
+
+func (r *countingRegistry) Delete(ctx context.Context, uid, owner string) (bool, error) {
+	r.writes.Add(1)
+	return r.Registry.Delete(ctx, uid, owner)
+}
+
+func (r *countingRegistry) Release(ctx context.Context, uid, owner string) (bool, error) {
+	r.writes.Add(1)
+	return r.Registry.Release(ctx, uid, owner)
+}
+
+// running is a controller running in this process, as main wires it, limited to one
+// namespace so that tests do not see each other's Students.
+type running struct {
+	requests *requestCounter
+	registry *countingRegistry
+	stop     func()
+}
+
+type controllerOptions struct {
+	registryPath  string
+	namespace     string
+	sweepInterval time.Duration
+	resync        time.Duration
+}
+
+func startController(t *testing.T, opts controllerOptions) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().WithName(t.Name())))
+
+	counter := &requestCounter{counts: map[string]int{}}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = 100, 200
+	cfg.WrapTransport = counter.wrap
+	kubeClient := kubernetes.NewForConfigOrDie(cfg)
+	studentClient := versioned.NewForConfigOrDie(cfg)
+
+	reg, err := registry.Open(ctx, "sqlite://"+opts.registryPath, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counting := &countingRegistry{Registry: reg}
+
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(studentscheme.AddToScheme(scheme))
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kubeClient.CoreV1().Events("")})
+	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: controller.Name})
+
+	factory := externalversions.NewSharedInformerFactoryWithOptions(studentClient, opts.resync, externalversions.WithNamespace(opts.namespace))
+	ctrl, err := controller.New(ctx, studentClient, factory.Bolingcavalry().V1().Students(), counting, recorder, controller.Config{
+		Owner: owner, SweepInterval: opts.sweepInterval, SweepMaxDeletions: 10,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	done := make(chan error, 1)
+	go func() { done <- ctrl.Run(ctx, 4) }()
+
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("controller: %v", err)
+			}
+			factory.Shutdown()
+			broadcaster.Shutdown()
+			reg.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return &running{requests: counter, registry: counting, stop: stop}
+}
+
+// rawDB opens the registry file directly, as another program would.
+func rawDB(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, cond)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func isReady(s *studentv1.Student) bool {
+	c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady)
+	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == s.Generation
+}
+
+func kubeClient() kubernetes.Interface { return kubernetes.NewForConfigOrDie(env.Config) }
+
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	ns, err := kubeClient().CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
