@@ -30,8 +30,8 @@ controlplane: ## Build kube-apiserver and etcd into bin/k8s (minutes the first t
 	hack/build-controlplane.sh
 
 .PHONY: build
-build: ## Build everything (the controller binary arrives with cmd/student-controller).
-	go build ./...
+build: ## Build the controller into bin/student-controller.
+	go build -o bin/student-controller ./cmd/student-controller
 
 .PHONY: test
 test: controlplane ## Run every test: unit, integration against the real control plane, codegen checks.

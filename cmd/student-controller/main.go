@@ -36,6 +36,7 @@ import (
 type options struct {
 	kubeconfig        string
 	master            string
+	namespace         string
 	qps               float64
 	burst             int
 	workers           int
@@ -50,6 +51,7 @@ type options struct {
 func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Only required if out-of-cluster.")
 	fs.StringVar(&o.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig. Only required if out-of-cluster.")
+	fs.StringVar(&o.namespace, "namespace", "", "Only watch Students in this namespace. All namespaces when empty.")
 	fs.Float64Var(&o.qps, "kube-api-qps", 100, "Queries per second to the API server, sustained.")
 	fs.IntVar(&o.burst, "kube-api-burst", 200, "Queries to the API server in a burst.")
 	fs.IntVar(&o.workers, "workers", 8, "Students synced in parallel.")
@@ -102,8 +104,8 @@ func main() {
 		stop() // a second signal ends the process at once
 	}()
 	if err := run(ctx, opts); err != nil {
-		klog.FromContext(ctx).Error(err, "Controller failed")
 		klog.Flush()
+		fmt.Fprintf(os.Stderr, "student-controller: %v\n", err)
 		os.Exit(1)
 	}
 	klog.Flush()
@@ -144,7 +146,8 @@ func run(ctx context.Context, opts options) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: controller.Name})
 
-	factory := externalversions.NewSharedInformerFactory(studentClient, opts.resyncPeriod)
+	factory := externalversions.NewSharedInformerFactoryWithOptions(studentClient, opts.resyncPeriod,
+		externalversions.WithNamespace(opts.namespace))
 	ctrl, err := controller.New(ctx, studentClient, factory.Bolingcavalry().V1().Students(), reg, recorder, controller.Config{
 		Owner:             opts.owner,
 		SweepInterval:     opts.sweepInterval,

@@ -114,7 +114,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		}
 	}
 	if result.Resync > 0 || result.Orphans > 0 || len(errs) > 0 {
-		logger.Info("Sweep repaired drift", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans, "deleted", result.Deleted)
+		logger.Info("Sweep found rows to repair or delete", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans, "deleted", result.Deleted)
 	} else {
 		logger.V(4).Info("Sweep found no drift", "rows", result.Rows)
 	}
