@@ -29,9 +29,19 @@ verify: ## Fail when generated code is stale, code is unformatted or go vet comp
 controlplane: ## Build kube-apiserver and etcd into bin/k8s (minutes the first time, then cached).
 	hack/build-controlplane.sh
 
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+
 .PHONY: build
-build: ## Build the controller into bin/student-controller.
-	go build -o bin/student-controller ./cmd/student-controller
+build: ## Build the controller (bin/student-controller) and the local launcher (bin/student-dev).
+	go build -ldflags "-X main.version=$(VERSION)" -o bin/student-controller ./cmd/student-controller
+	go build -o bin/student-dev ./cmd/student-dev
+
+STATE_DIR ?= .local
+RUN_FLAGS ?=
+
+.PHONY: run
+run: controlplane build ## Run everything locally: control plane, CRD, samples, controller on SQLite. Ctrl-C stops it.
+	bin/student-dev --state-dir $(STATE_DIR) $(RUN_FLAGS)
 
 .PHONY: test
 test: controlplane ## Run every test: unit, integration against the real control plane, codegen checks.

@@ -66,6 +66,8 @@ type Config struct {
 	SweepEventTarget *corev1.ObjectReference
 	// Clock stamps conditions; the real clock when nil.
 	Clock clock.PassiveClock
+	// Metrics records syncs, registry latency and sweeps; nothing is recorded when nil.
+	Metrics *Metrics
 }
 
 // Controller keeps the student registry in line with the Student objects.
@@ -106,6 +108,9 @@ func New(ctx context.Context, client versioned.Interface, informer informers.Stu
 	}
 	if cfg.RateLimiter == nil {
 		cfg.RateLimiter = DefaultRateLimiter()
+	}
+	if cfg.Metrics != nil {
+		reg = timedRegistry{Registry: reg, m: cfg.Metrics}
 	}
 	c := &Controller{
 		client:   client,
@@ -195,7 +200,9 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	if c.cfg.SweepInterval > 0 {
 		wg.Go(func() {
 			wait.JitterUntilWithContext(ctx, func(ctx context.Context) {
-				if _, err := c.Sweep(ctx); err != nil {
+				result, err := c.Sweep(ctx)
+				c.cfg.Metrics.observeSweep(result, err)
+				if err != nil {
 					utilruntime.HandleErrorWithContext(ctx, err, "Sweep failed; the next one retries")
 				}
 			}, c.cfg.SweepInterval, 0.1, true)
@@ -231,24 +238,30 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	// is not cut off half way (finalizer added, row not yet written); it is bounded.
 	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SyncTimeout)
 	defer cancel()
+	started := time.Now()
 	err := c.sync(syncCtx, key)
 
 	var term *terminalError
+	result := resultSuccess
 	switch {
 	case err == nil:
 		c.queue.Forget(key)
 	case errors.As(err, &term):
 		// Retrying cannot help; a change to the object brings it back.
+		result = resultTerminal
 		c.queue.Forget(key)
 		klog.FromContext(ctx).V(2).Info("Not retrying", "student", key, "reason", err)
 	case apierrors.IsConflict(err):
 		// The cache was behind the API server; the retry reads the newer object.
+		result = resultConflict
 		c.queue.AddRateLimited(key)
 		klog.FromContext(ctx).V(2).Info("Conflict; will retry", "student", key, "err", err)
 	default:
+		result = resultError
 		c.queue.AddRateLimited(key)
 		utilruntime.HandleErrorWithContext(ctx, err, "Syncing Student failed; will retry", "student", key, "retries", c.queue.NumRequeues(key))
 	}
+	c.cfg.Metrics.observeSync(result, time.Since(started))
 	return true
 }
 

@@ -27,21 +27,21 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/controlplane"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
 	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
-	"github.com/student-controller/student-controller/test/testenv"
 )
 
 const owner = "e2e-controller"
 
-var env *testenv.Env
+var env *controlplane.Env
 
 func TestMain(m *testing.M) {
 	var err error
-	env, err = testenv.Start()
+	env, err = controlplane.Start(controlplane.Options{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
 		os.Exit(1)

@@ -11,17 +11,17 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/student-controller/student-controller/internal/controlplane"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
-	"github.com/student-controller/student-controller/test/testenv"
 )
 
 // env is the control plane that every test in this package shares; each test works in
 // a namespace of its own.
-var env *testenv.Env
+var env *controlplane.Env
 
 func TestMain(m *testing.M) {
 	var err error
-	env, err = testenv.Start()
+	env, err = controlplane.Start(controlplane.Options{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration tests cannot run: %v\n", err)
 		os.Exit(1)

@@ -1,4 +1,4 @@
-package testenv
+package controlplane
 
 import (
 	"errors"
@@ -27,13 +27,28 @@ type Env struct {
 	dir string
 }
 
+// Options say where a control plane keeps its state. The zero value keeps it in
+// temporary folders that Stop removes, as tests want.
+type Options struct {
+	// Root is the repository's root folder, where bin/k8s and config/crd are; found
+	// from this source file when empty.
+	Root string
+	// EtcdDataDir keeps etcd's data across runs when set.
+	EtcdDataDir string
+	// Kubeconfig is where to write the kubeconfig; a temporary file when empty.
+	Kubeconfig string
+}
+
 // Start starts etcd and kube-apiserver from bin/k8s, installs the CRDs from
 // config/crd/bases and writes a kubeconfig. It never downloads anything: when the
 // binaries are missing it says how to build them. Call Stop when done.
-func Start() (*Env, error) {
-	root, err := RepoRoot()
-	if err != nil {
-		return nil, err
+func Start(opts Options) (*Env, error) {
+	root := opts.Root
+	if root == "" {
+		var err error
+		if root, err = RepoRoot(); err != nil {
+			return nil, err
+		}
 	}
 	assets := filepath.Join(root, "bin", "k8s")
 	for _, bin := range []string{"kube-apiserver", "etcd"} {
@@ -57,15 +72,24 @@ func Start() (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	if opts.EtcdDataDir != "" {
+		if err := os.MkdirAll(opts.EtcdDataDir, 0o700); err != nil {
+			return nil, err
+		}
+		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: opts.EtcdDataDir}
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("start control plane: %w", err)
 	}
 	e := &Env{Config: cfg, Root: root, env: env}
 
-	e.dir, err = os.MkdirTemp("", "student-controller-testenv-")
-	if err == nil {
+	e.Kubeconfig = opts.Kubeconfig
+	if e.Kubeconfig == "" {
+		e.dir, err = os.MkdirTemp("", "student-controller-kubeconfig-")
 		e.Kubeconfig = filepath.Join(e.dir, "kubeconfig")
+	}
+	if err == nil {
 		err = os.WriteFile(e.Kubeconfig, env.KubeConfig, 0o600)
 	}
 	if err != nil {
@@ -74,7 +98,7 @@ func Start() (*Env, error) {
 	return e, nil
 }
 
-// Stop stops the control plane and removes its files.
+// Stop stops the control plane and removes its temporary files.
 func (e *Env) Stop() error {
 	err := e.env.Stop()
 	if e.dir != "" {
@@ -87,7 +111,7 @@ func (e *Env) Stop() error {
 func RepoRoot() (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
-		return "", errors.New("cannot locate the testenv source file")
+		return "", errors.New("cannot locate the controlplane source file")
 	}
 	root := filepath.Join(filepath.Dir(file), "..", "..")
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+)
+
+// options are the command-line flags.
+type options struct {
+	kubeconfig        string
+	master            string
+	namespace         string
+	qps               float64
+	burst             int
+	workers           int
+	registryURL       string
+	owner             string
+	sweepInterval     time.Duration
+	sweepMaxDeletions int
+	resyncPeriod      time.Duration
+	syncTimeout       time.Duration
+	shutdownTimeout   time.Duration
+
+	leaderElect          bool
+	leaderElectNamespace string
+	leaderElectID        string
+	leaseDuration        time.Duration
+	renewDeadline        time.Duration
+	retryPeriod          time.Duration
+
+	metricsAddr   string
+	metricsSecure bool
+	probeAddr     string
+}
+
+func (o *options) addFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Only required if out-of-cluster.")
+	fs.StringVar(&o.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig. Only required if out-of-cluster.")
+	fs.StringVar(&o.namespace, "namespace", "", "Only watch Students in this namespace. All namespaces when empty.")
+	fs.Float64Var(&o.qps, "kube-api-qps", 100, "Queries per second to the API server, sustained.")
+	fs.IntVar(&o.burst, "kube-api-burst", 200, "Queries to the API server in a burst.")
+	fs.IntVar(&o.workers, "workers", 8, "Students synced in parallel.")
+	fs.StringVar(&o.registryURL, "registry", "sqlite:student-registry.db",
+		"The student registry: sqlite:///ABSOLUTE/PATH.db, or sqlite:RELATIVE/PATH.db (relative to the working directory).")
+	fs.StringVar(&o.owner, "registry-owner", "student-controller",
+		"Owner mark on the registry rows this controller writes. It never changes or deletes rows with another owner.")
+	fs.DurationVar(&o.sweepInterval, "sweep-interval", 5*time.Minute,
+		"How often to compare the whole registry with the Students, repair drift and delete orphan rows. 0 turns it off.")
+	fs.IntVar(&o.sweepMaxDeletions, "sweep-max-deletions", 100,
+		"A sweep that would delete more orphan rows than this deletes none and reports it.")
+	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Minute, "How often every Student is synced again even without a change.")
+	fs.DurationVar(&o.syncTimeout, "sync-timeout", 30*time.Second, "Time limit of one sync; also bounds the drain on shutdown.")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 45*time.Second,
+		"On SIGTERM, exit after at most this long even if work is still in flight. Keep it below the Pod's terminationGracePeriodSeconds.")
+
+	fs.BoolVar(&o.leaderElect, "leader-elect", false,
+		"Run only while holding a coordination.k8s.io Lease, so that one of several replicas works at a time.")
+	fs.StringVar(&o.leaderElectNamespace, "leader-elect-namespace", "",
+		"Namespace of the Lease. Defaults to the Pod's namespace (POD_NAMESPACE), else kube-system.")
+	fs.StringVar(&o.leaderElectID, "leader-elect-id", "student-controller", "Name of the Lease.")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second,
+		"How long a standby waits, after the leader stops renewing, before taking over.")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second,
+		"How long the leader keeps trying to renew before it gives up leading.")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "How often to try to acquire or renew the Lease.")
+
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; 0 turns it off.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", false,
+		"Serve /metrics over HTTPS and allow only callers that the API server authenticates (TokenReview) and authorizes (SubjectAccessReview, get on the /metrics URL).")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 turns them off.")
+}
+
+func (o *options) validate() error {
+	var errs []error
+	if o.workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers must be at least 1, got %d", o.workers))
+	}
+	if o.qps <= 0 || o.burst < 1 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", o.qps, o.burst))
+	}
+	if o.owner == "" {
+		errs = append(errs, errors.New("--registry-owner must not be empty"))
+	}
+	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 {
+		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions and --resync-period must not be negative"))
+	}
+	if o.syncTimeout <= 0 || o.shutdownTimeout <= 0 {
+		errs = append(errs, errors.New("--sync-timeout and --shutdown-timeout must be positive"))
+	}
+	if o.leaderElect && !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0) {
+		errs = append(errs, fmt.Errorf("leader election needs --leader-elect-lease-duration (%v) > --leader-elect-renew-deadline (%v) > --leader-elect-retry-period (%v) > 0",
+			o.leaseDuration, o.renewDeadline, o.retryPeriod))
+	}
+	return errors.Join(errs...)
+}

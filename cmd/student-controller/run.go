@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
+	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
+)
+
+// run builds every dependency, serves probes and metrics, and runs the controller
+// (while it leads, with --leader-elect) until ctx is done; then it drains and returns.
+func run(ctx context.Context, opts options) error {
+	logger := klog.FromContext(ctx)
+	logger.Info("Starting", "version", versionString())
+
+	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("build client config: %w", err)
+	}
+	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
+	cfg.UserAgent = rest.DefaultKubernetesUserAgent() + " " + controller.Name
+	kubeClient, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("build Kubernetes client: %w", err)
+	}
+	studentClient, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("build Student client: %w", err)
+	}
+
+	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{})
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	logger.Info("Registry open", "registry", reg.String(), "owner", opts.owner)
+
+	// controller-runtime's registry already carries client-go's REST client and leader
+	// election metrics; the workqueue's and the controller's join it.
+	workqueue.SetProvider(controller.NewWorkqueueMetricsProvider(crmetrics.Registry))
+	metrics := controller.NewMetrics(crmetrics.Registry)
+
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(studentscheme.AddToScheme(scheme))
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartStructuredLogging(4)
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kubeClient.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: controller.Name})
+
+	factory := externalversions.NewSharedInformerFactoryWithOptions(studentClient, opts.resyncPeriod,
+		externalversions.WithNamespace(opts.namespace))
+	ctrl, err := controller.New(ctx, studentClient, factory.Bolingcavalry().V1().Students(), reg, recorder, controller.Config{
+		Owner:             opts.owner,
+		SweepInterval:     opts.sweepInterval,
+		SweepMaxDeletions: opts.sweepMaxDeletions,
+		SyncTimeout:       opts.syncTimeout,
+		SweepEventTarget:  podReference(),
+		Metrics:           metrics,
+	})
+	if err != nil {
+		return err
+	}
+
+	var servers sync.WaitGroup
+	defer servers.Wait()
+	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+
+	var watchdog *leaderelection.HealthzAdaptor
+	if opts.leaderElect {
+		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	}
+	if opts.probeAddr != "0" {
+		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(ctrl.HasSynced, reg.Ping, watchdog), ReadHeaderTimeout: 5 * time.Second}
+		if err := listenAndServe(serveCtx, &servers, probes, "probes"); err != nil {
+			return err
+		}
+	}
+	if opts.metricsAddr != "0" {
+		if err := serveMetrics(serveCtx, &servers, opts, cfg); err != nil {
+			return err
+		}
+	}
+
+	// Informers run on every replica, leader or not, so that a standby takes over with
+	// a warm cache and reports ready.
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+
+	if !opts.leaderElect {
+		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
+	}
+	return runLeading(ctx, opts, kubeClient, recorder, watchdog, func(ctx context.Context) error {
+		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
+	})
+}
+
+// drained runs fn until ctx is done, and then waits for fn to drain, at most
+// --shutdown-timeout.
+func drained(ctx context.Context, opts options, fn func(context.Context) error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(opts.shutdownTimeout):
+		return fmt.Errorf("work still in flight %v after shutdown began; exiting anyway", opts.shutdownTimeout)
+	}
+}
+
+// runLeading runs fn only while this process holds the Lease. On shutdown it lets fn
+// drain first and then releases the Lease, so a standby takes over at once and never
+// overlaps with this process's last writes.
+func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interface, recorder record.EventRecorder,
+	watchdog *leaderelection.HealthzAdaptor, fn func(context.Context) error) error {
+	logger := klog.FromContext(ctx)
+	host, _ := os.Hostname()
+	id := host + "_" + uuid.NewString()
+	ns := opts.leaderElectNamespace
+	if ns == "" {
+		ns = os.Getenv("POD_NAMESPACE")
+	}
+	if ns == "" {
+		ns = "kube-system"
+	}
+	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, ns, opts.leaderElectID,
+		kubeClient.CoreV1(), kubeClient.CoordinationV1(),
+		resourcelock.ResourceLockConfig{Identity: id, EventRecorder: recorder})
+	if err != nil {
+		return fmt.Errorf("leader election lock: %w", err)
+	}
+
+	// The elector's context outlives ctx until fn has drained.
+	electorCtx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopElector()
+	var fnErr error
+	fnDone := make(chan struct{})
+	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		Name:            controller.Name,
+		LeaseDuration:   opts.leaseDuration,
+		RenewDeadline:   opts.renewDeadline,
+		RetryPeriod:     opts.retryPeriod,
+		ReleaseOnCancel: true,
+		WatchDog:        watchdog,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(leading context.Context) {
+				defer close(fnDone)
+				logger.Info("Became the leader", "lease", klog.KRef(ns, opts.leaderElectID), "identity", id)
+				runCtx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				defer context.AfterFunc(leading, cancel)()
+				fnErr = fn(runCtx)
+			},
+			OnStoppedLeading: func() { logger.Info("Stopped leading", "identity", id) },
+			OnNewLeader: func(identity string) {
+				if identity != id {
+					logger.Info("Another replica leads; standing by", "leader", identity)
+				}
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	go func() {
+		<-ctx.Done()
+		if elector.IsLeader() {
+			<-fnDone
+		}
+		stopElector()
+	}()
+	elector.Run(electorCtx)
+
+	if ctx.Err() == nil {
+		// The Lease was lost while still wanted: another replica may already be writing.
+		return errors.New("lost the leader election Lease")
+	}
+	select {
+	case <-fnDone:
+		return fnErr
+	default:
+		return nil
+	}
+}
+
+// serveMetrics serves the Prometheus registry: plain HTTP, or with --metrics-secure
+// HTTPS where the API server authenticates and authorizes each caller.
+func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *rest.Config) error {
+	mo := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure}
+	if opts.metricsSecure {
+		mo.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return fmt.Errorf("metrics server client: %w", err)
+	}
+	srv, err := metricsserver.NewServer(mo, cfg, httpClient)
+	if err != nil {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	wg.Go(func() {
+		if err := srv.Start(ctx); err != nil {
+			utilruntime.HandleErrorWithContext(ctx, err, "Metrics server stopped")
+		}
+	})
+	return nil
+}
+
+// listenAndServe binds srv's address now, so that a taken port fails the start, and
+// serves until ctx is done.
+func listenAndServe(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, what string) error {
+	ln, err := listen(srv.Addr)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	klog.FromContext(ctx).Info("Serving", "what", what, "address", ln.Addr().String())
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			utilruntime.HandleErrorWithContext(ctx, err, "Server stopped", "what", what)
+		}
+	})
+	wg.Go(func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	})
+	return nil
+}
+
+// podReference names the controller's own Pod, from the downward API, so that
+// controller-wide Events (a refused sweep) show on it; nil outside a cluster.
+func podReference() *corev1.ObjectReference {
+	name, namespace := os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
+	if name == "" || namespace == "" {
+		return nil
+	}
+	return &corev1.ObjectReference{
+		APIVersion: "v1", Kind: "Pod", Namespace: namespace, Name: name, UID: types.UID(os.Getenv("POD_UID")),
+	}
+}

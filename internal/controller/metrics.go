@@ -1,0 +1,211 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/student-controller/student-controller/internal/registry"
+)
+
+// Metrics are the controller's Prometheus metrics. Create them once per process with
+// NewMetrics; a Controller without them records nothing.
+type Metrics struct {
+	reconcileTotal    *prometheus.CounterVec
+	reconcileDuration *prometheus.HistogramVec
+	registryDuration  *prometheus.HistogramVec
+	sweepTotal        *prometheus.CounterVec
+	sweepDeleted      prometheus.Counter
+}
+
+// Results of a reconcile, the label of the reconcile metrics.
+const (
+	resultSuccess  = "success"
+	resultError    = "error"
+	resultConflict = "conflict"
+	resultTerminal = "terminal"
+)
+
+// NewMetrics creates the controller's metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		reconcileTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "student_controller_reconcile_total",
+			Help: "Syncs of a Student, by result: success, error (retried with backoff), conflict (retried), terminal (not retried).",
+		}, []string{"result"}),
+		reconcileDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "student_controller_reconcile_duration_seconds",
+			Help:    "Time one sync of a Student took, by result.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"result"}),
+		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "student_controller_registry_operation_duration_seconds",
+			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, list) and result (ok, not_found, not_owned, error).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+		}, []string{"operation", "result"}),
+		sweepTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "student_controller_sweep_total",
+			Help: "Registry sweeps, by outcome: clean, repaired (rows queued for repair or orphans deleted), refused (mass deletion past the bound), error.",
+		}, []string{"outcome"}),
+		sweepDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "student_controller_sweep_deleted_rows_total",
+			Help: "Orphan registry rows deleted by sweeps.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.sweepTotal, m.sweepDeleted)
+	}
+	return m
+}
+
+func (m *Metrics) observeSync(result string, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.reconcileTotal.WithLabelValues(result).Inc()
+	m.reconcileDuration.WithLabelValues(result).Observe(took.Seconds())
+}
+
+func (m *Metrics) observeSweep(r SweepResult, err error) {
+	if m == nil {
+		return
+	}
+	outcome := "clean"
+	switch {
+	case err != nil:
+		outcome = "error"
+	case r.Refused:
+		outcome = "refused"
+	case r.Resync > 0 || r.Deleted > 0:
+		outcome = "repaired"
+	}
+	m.sweepTotal.WithLabelValues(outcome).Inc()
+	m.sweepDeleted.Add(float64(r.Deleted))
+}
+
+// timedRegistry records the latency and result of every registry operation.
+type timedRegistry struct {
+	Registry
+	m *Metrics
+}
+
+func (t timedRegistry) observe(op string, start time.Time, err error) {
+	result := "ok"
+	switch {
+	case errors.Is(err, registry.ErrNotFound):
+		result = "not_found"
+	case errors.Is(err, registry.ErrNotOwned):
+		result = "not_owned"
+	case err != nil:
+		result = "error"
+	}
+	t.m.registryDuration.WithLabelValues(op, result).Observe(time.Since(start).Seconds())
+}
+
+func (t timedRegistry) Get(ctx context.Context, uid string) (registry.Record, error) {
+	start := time.Now()
+	rec, err := t.Registry.Get(ctx, uid)
+	t.observe("get", start, err)
+	return rec, err
+}
+
+func (t timedRegistry) Upsert(ctx context.Context, rec registry.Record) (registry.Record, error) {
+	start := time.Now()
+	out, err := t.Registry.Upsert(ctx, rec)
+	t.observe("upsert", start, err)
+	return out, err
+}
+
+func (t timedRegistry) Delete(ctx context.Context, uid, owner string) (bool, error) {
+	start := time.Now()
+	done, err := t.Registry.Delete(ctx, uid, owner)
+	t.observe("delete", start, err)
+	return done, err
+}
+
+func (t timedRegistry) Release(ctx context.Context, uid, owner string) (bool, error) {
+	start := time.Now()
+	done, err := t.Registry.Release(ctx, uid, owner)
+	t.observe("release", start, err)
+	return done, err
+}
+
+func (t timedRegistry) List(ctx context.Context, owner string) ([]registry.Record, error) {
+	start := time.Now()
+	rows, err := t.Registry.List(ctx, owner)
+	t.observe("list", start, err)
+	return rows, err
+}
+
+// WorkqueueMetricsProvider exposes client-go's workqueue metrics (depth, adds,
+// latency, work duration, retries, ...) as Prometheus metrics, labelled by queue name.
+// Install it once per process with workqueue.SetProvider, before creating queues.
+type WorkqueueMetricsProvider struct {
+	adds, retries                   *prometheus.CounterVec
+	depthGauge, unfinished, longest *prometheus.GaugeVec
+	queueDuration, workDuration     *prometheus.HistogramVec
+}
+
+// NewWorkqueueMetricsProvider creates the workqueue metrics and registers them with reg.
+func NewWorkqueueMetricsProvider(reg prometheus.Registerer) *WorkqueueMetricsProvider {
+	labels := []string{"name"}
+	p := &WorkqueueMetricsProvider{
+		depthGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "workqueue_depth", Help: "Current depth of the workqueue.",
+		}, labels),
+		adds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "workqueue_adds_total", Help: "Total number of adds handled by the workqueue.",
+		}, labels),
+		queueDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "workqueue_queue_duration_seconds", Help: "How long an item stays in the workqueue before being requested.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 10, 10),
+		}, labels),
+		workDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "workqueue_work_duration_seconds", Help: "How long processing an item from the workqueue takes.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 10, 10),
+		}, labels),
+		unfinished: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "workqueue_unfinished_work_seconds", Help: "Seconds of work in progress not yet observed by work_duration.",
+		}, labels),
+		longest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "workqueue_longest_running_processor_seconds", Help: "Seconds the longest running processor has been running.",
+		}, labels),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "workqueue_retries_total", Help: "Total number of retries handled by the workqueue.",
+		}, labels),
+	}
+	reg.MustRegister(p.depthGauge, p.adds, p.queueDuration, p.workDuration, p.unfinished, p.longest, p.retries)
+	return p
+}
+
+// NewDepthMetric and the methods below implement workqueue.MetricsProvider.
+func (p *WorkqueueMetricsProvider) NewDepthMetric(name string) workqueue.GaugeMetric {
+	return p.depthGauge.WithLabelValues(name)
+}
+
+func (p *WorkqueueMetricsProvider) NewAddsMetric(name string) workqueue.CounterMetric {
+	return p.adds.WithLabelValues(name)
+}
+
+func (p *WorkqueueMetricsProvider) NewLatencyMetric(name string) workqueue.HistogramMetric {
+	return p.queueDuration.WithLabelValues(name)
+}
+
+func (p *WorkqueueMetricsProvider) NewWorkDurationMetric(name string) workqueue.HistogramMetric {
+	return p.workDuration.WithLabelValues(name)
+}
+
+func (p *WorkqueueMetricsProvider) NewUnfinishedWorkSecondsMetric(name string) workqueue.SettableGaugeMetric {
+	return p.unfinished.WithLabelValues(name)
+}
+
+func (p *WorkqueueMetricsProvider) NewLongestRunningProcessorSecondsMetric(name string) workqueue.SettableGaugeMetric {
+	return p.longest.WithLabelValues(name)
+}
+
+func (p *WorkqueueMetricsProvider) NewRetriesMetric(name string) workqueue.CounterMetric {
+	return p.retries.WithLabelValues(name)
+}

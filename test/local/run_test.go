@@ -1,0 +1,240 @@
+// Package local drives `make run` as a newcomer would and checks what they would see.
+package local
+
+import (
+	"bufio"
+	"database/sql"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/student-controller/student-controller/internal/controlplane"
+)
+
+// TestMakeRun runs `make run`, follows the printed instructions from "another
+// terminal" (kubectl get stu with the printed kubeconfig, the printed registry file),
+// then presses Ctrl-C and checks that nothing it started is left running.
+func TestMakeRun(t *testing.T) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	flags := fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d --metrics-bind-address=127.0.0.1:%d", freePort(t), freePort(t))
+	cmd := exec.Command("make", "--no-print-directory", "run", "STATE_DIR="+state, "RUN_FLAGS="+flags)
+	cmd.Dir = root
+	// A terminal's Ctrl-C signals the whole foreground process group: give make one.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pgid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	transcript := &lockedWriter{b: &strings.Builder{}}
+	lines := make(chan string, 1000)
+	go func() {
+		sc := bufio.NewScanner(io.TeeReader(out, transcript))
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		exited <- cmd.Wait()
+	}()
+	defer func() {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		if t.Failed() {
+			t.Logf("make run printed:\n%s", transcript.String())
+		}
+	}()
+
+	// What it says before the slow part, and the exact kubectl line once up.
+	kubectlLine := regexp.MustCompile(`^\s+kubectl --kubeconfig (\S+) get stu$`)
+	registryLine := regexp.MustCompile(`The registry is the SQLite file (\S+\.db)$`)
+	var kubeconfig, registryFile string
+	sawStarting := false
+	timeout := time.After(5 * time.Minute)
+	for kubeconfig == "" || registryFile == "" {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatalf("make run ended before it was up: %v", <-exited)
+			}
+			if strings.Contains(line, "Starting the local control plane") {
+				sawStarting = true
+			}
+			if m := kubectlLine.FindStringSubmatch(line); m != nil {
+				kubeconfig = m[1]
+			}
+			if m := registryLine.FindStringSubmatch(line); m != nil {
+				registryFile = m[1]
+			}
+		case <-timeout:
+			t.Fatal("make run was not up within 5 minutes")
+		}
+	}
+	go func() { // keep draining its output
+		for range lines {
+		}
+	}()
+	if !sawStarting {
+		t.Error("make run did not say what it was starting before it was up")
+	}
+	if !strings.HasPrefix(registryFile, state) || !strings.HasPrefix(kubeconfig, state) {
+		t.Errorf("kubeconfig %s and registry %s are not under the state folder %s", kubeconfig, registryFile, state)
+	}
+
+	// From another terminal: the samples, Ready.
+	want := map[string]string{"zhang-san": "张三", "li-si": "李四", "ada-lovelace": "Ada Lovelace"}
+	var table string
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got, err := exec.Command("kubectl", "--kubeconfig", kubeconfig, "get", "stu", "-n", "default").CombinedOutput()
+		table = string(got)
+		if err == nil && allReady(table, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubectl get stu never listed the samples as Ready:\n%s (%v)", table, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+
+	// The registry file holds their rows.
+	db, err := sql.Open("sqlite", "file:"+registryFile+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(`SELECT name, student_name FROM students WHERE namespace = 'default'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for rows.Next() {
+		var name, studentName string
+		if err := rows.Scan(&name, &studentName); err != nil {
+			t.Fatal(err)
+		}
+		got[name] = studentName
+	}
+	rows.Close()
+	for name, display := range want {
+		if got[name] != display {
+			t.Errorf("registry row for %s: %q, want %q (rows %v)", name, got[name], display, got)
+		}
+	}
+
+	kcfg, err := os.ReadFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := regexp.MustCompile(`server: https://(\S+)`).FindStringSubmatch(string(kcfg))
+	if server == nil {
+		t.Fatalf("no API server address in %s", kubeconfig)
+	}
+
+	// Ctrl-C: everything stops, nothing survives.
+	if err := syscall.Kill(-pgid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("make run did not stop within 2 minutes of Ctrl-C")
+	}
+	if !strings.Contains(transcript.String(), "==> Stopped") {
+		t.Errorf("make run did not say it stopped cleanly")
+	}
+	if err := syscall.Kill(-pgid, 0); err != syscall.ESRCH {
+		t.Errorf("processes of make run's group survive Ctrl-C (kill -0: %v)", err)
+	}
+	if conn, err := net.DialTimeout("tcp", server[1], time.Second); err == nil {
+		conn.Close()
+		t.Errorf("the API server at %s still answers after Ctrl-C", server[1])
+	}
+	if survivors := processesMentioning(t, state); len(survivors) > 0 {
+		t.Errorf("processes started by make run survive Ctrl-C:\n%s", strings.Join(survivors, "\n"))
+	}
+}
+
+func allReady(table string, want map[string]string) bool {
+	for name, display := range want {
+		found := false
+		for _, line := range strings.Split(table, "\n") {
+			f := strings.Fields(line)
+			if len(f) > 0 && f[0] == name && strings.Contains(line, display) && strings.Contains(line, " True ") {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// processesMentioning lists running processes whose command line names dir: the
+// controller (its registry and kubeconfig) and etcd (its data folder) do.
+func processesMentioning(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		line := strings.ReplaceAll(string(cmdline), "\x00", " ")
+		if strings.Contains(line, dir) && !strings.Contains(line, "run_test") {
+			out = append(out, e.Name()+": "+line)
+		}
+	}
+	return out
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// lockedWriter lets the reader goroutine write the transcript and the test read it.
+type lockedWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
