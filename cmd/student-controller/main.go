@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/klog/v2"
 	_ "modernc.org/sqlite" // the SQLite driver for sqlite: registry URLs
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 func main() {
@@ -32,6 +33,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "student-controller: %v\n", err)
 		os.Exit(2)
 	}
+
+	// The metrics server comes from controller-runtime, which logs through logr.
+	ctrllog.SetLogger(klog.NewKlogr())
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	go func() {

@@ -3,9 +3,12 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,12 +19,7 @@ import (
 // TestBinary runs the built controller binary as a user would, with its flags, and
 // checks that SIGTERM drains it and it exits 0.
 func TestBinary(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "student-controller")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/student-controller")
-	build.Dir = env.Root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := controllerBinary(t)
 
 	ns := newNamespace(t)
 	path := filepath.Join(t.TempDir(), "registry.db")
@@ -37,7 +35,7 @@ func TestBinary(t *testing.T) {
 		t.Errorf("bad registry URL: exit %d, output %q", code, out)
 	}
 
-	cmd := exec.Command(bin, "--kubeconfig", env.Kubeconfig, "--namespace", ns,
+	cmd := exec.Command(bin, "--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--metrics-bind-address=0", "--health-probe-bind-address=0",
 		"--registry", "sqlite://"+path, "--registry-owner", owner, "-v", "2")
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -78,6 +76,34 @@ func TestBinary(t *testing.T) {
 			t.Errorf("controller output lacks %q", want)
 		}
 	}
+}
+
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// controllerBinary builds cmd/student-controller once for the package's tests.
+func controllerBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "student-controller-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin = filepath.Join(dir, "student-controller")
+		build := exec.Command("go", "build", "-o", builtBin, "./cmd/student-controller")
+		build.Dir = env.Root
+		if out, err := build.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
 }
 
 func exitCode(err error) int {

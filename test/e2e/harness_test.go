@@ -37,20 +37,45 @@ import (
 
 const owner = "e2e-controller"
 
-var env *controlplane.Env
+var (
+	env *controlplane.Env
+	// controllerID is the controller's ServiceAccount with exactly the RBAC of
+	// config/rbac: every controller in these tests runs as it, never as an admin.
+	controllerID *identity
+)
 
 func TestMain(m *testing.M) {
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
 	var err error
 	env, err = controlplane.Start(controlplane.Options{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
-		os.Exit(1)
+		return 1
 	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "stop control plane: %v\n", err)
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stop control plane: %v\n", err)
+		}
+	}()
+	ctx := context.Background()
+	if err := installRBAC(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
+		return 1
 	}
-	os.Exit(code)
+	dir, err := os.MkdirTemp("", "student-controller-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if controllerID, err = serviceAccountIdentity(ctx, systemNamespace, serviceAccount, dir); err != nil {
+		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
+		return 1
+	}
+	return m.Run()
 }
 
 // requestCounter counts the API requests that pass through it, by verb and resource.
@@ -155,8 +180,7 @@ func startController(t *testing.T, opts controllerOptions) *running {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().WithName(t.Name())))
 
 	counter := &requestCounter{counts: map[string]int{}}
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = 100, 200
+	cfg := rest.CopyConfig(controllerID.config)
 	cfg.WrapTransport = counter.wrap
 	kubeClient := kubernetes.NewForConfigOrDie(cfg)
 	studentClient := versioned.NewForConfigOrDie(cfg)

@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestReadinessAndMetrics: /readyz says not ready until the Student cache has synced
+// (here: until the controller is granted its RBAC), then ready; /metrics serves the
+// controller's, workqueue and client metrics.
+func TestReadinessAndMetrics(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	path := filepath.Join(t.TempDir(), "registry.db")
+	late, err := serviceAccountIdentity(ctx, systemNamespace, "late-bound", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProcess(t, "controller", "--kubeconfig", late.kubeconfig, "--namespace", ns,
+		"--registry", "sqlite://"+path, "--registry-owner", owner)
+
+	// Without RBAC the cache cannot sync: alive, not ready.
+	waitFor(t, 30*time.Second, "the probe server", func() bool {
+		code, _, _ := get("http://" + p.probeAddr + "/healthz")
+		return code == 200
+	})
+	for range 5 {
+		code, body, err := get("http://" + p.probeAddr + "/readyz")
+		if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "the Student cache has not synced") {
+			t.Fatalf("/readyz before the cache can sync: %d %q %v", code, body, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "late-bound-student-controller"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "student-controller"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "late-bound", Namespace: systemNamespace}},
+	}
+	if _, err := kubeClient().RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = kubeClient().RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+	waitFor(t, 90*time.Second, "/readyz to flip to ready", func() bool {
+		code, _, _ := get("http://" + p.probeAddr + "/readyz")
+		return code == 200
+	})
+
+	createMany(t, ns, 3, "m")
+	waitAllReady(t, ns, 3, time.Minute)
+	_, body, err := get("http://" + p.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`student_controller_reconcile_total{result="success"}`,
+		`student_controller_reconcile_duration_seconds_bucket{result="success"`,
+		`student_controller_registry_operation_duration_seconds_count{operation="upsert",result="ok"} 3`,
+		`student_controller_registry_operation_duration_seconds_count{operation="get",result="not_found"}`,
+		`student_controller_sweep_total{outcome=`,
+		`workqueue_depth{name="student-controller"}`,
+		`workqueue_adds_total{name="student-controller"}`,
+		`workqueue_work_duration_seconds_count{name="student-controller"}`,
+		`rest_client_requests_total{`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// TestSecureMetrics: with --metrics-secure, /metrics answers only callers that the API
+// server authenticates and authorizes, as in the Deployment.
+func TestSecureMetrics(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	dir := t.TempDir()
+	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+		"--registry", "sqlite://"+filepath.Join(dir, "registry.db"), "--metrics-secure")
+
+	scraper, err := serviceAccountIdentity(ctx, systemNamespace, "prometheus", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := serviceAccountIdentity(ctx, systemNamespace, "stranger", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "prometheus-student-controller-metrics"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "student-controller-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "prometheus", Namespace: systemNamespace}},
+	}
+	if _, err := kubeClient().RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = kubeClient().RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+
+	// The certificate is self-signed; what is tested here is who may read.
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: 10 * time.Second}
+	scrape := func(token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+p.metricsAddr+"/metrics", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	waitFor(t, 30*time.Second, "the metrics server", func() bool {
+		code, _ := scrape("")
+		return code != 0
+	})
+	if code, _ := scrape(""); code != http.StatusUnauthorized {
+		t.Errorf("no token: status %d, want 401", code)
+	}
+	// controller-runtime's filter answers a token that the TokenReview rejects with an
+	// error as 500 "Authentication failed": refused all the same.
+	if code, body := scrape("not-a-token"); code == http.StatusOK || strings.Contains(body, "workqueue_depth") {
+		t.Errorf("a bad token was let in: status %d", code)
+	}
+	if code, _ := scrape(stranger.config.BearerToken); code != http.StatusForbidden {
+		t.Errorf("a ServiceAccount without the metrics-reader role: status %d, want 403", code)
+	}
+	code, body := scrape(scraper.config.BearerToken)
+	if code != http.StatusOK || !strings.Contains(body, "workqueue_depth") {
+		t.Errorf("the metrics reader: status %d, body %.200q", code, body)
+	}
+}

@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// process is a student-controller binary running for a test, with its own metrics and
+// probe ports.
+type process struct {
+	t           *testing.T
+	name        string
+	cmd         *exec.Cmd
+	logs        *lockedBuffer
+	metricsAddr string
+	probeAddr   string
+	exited      chan struct{}
+	exitErr     error
+}
+
+// startProcess runs the binary with args plus its own metrics and probe addresses.
+func startProcess(t *testing.T, name string, args ...string) *process {
+	t.Helper()
+	p := &process{
+		t: t, name: name, logs: &lockedBuffer{}, exited: make(chan struct{}),
+		metricsAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		probeAddr:   fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+	}
+	args = append(args, "--metrics-bind-address", p.metricsAddr, "--health-probe-bind-address", p.probeAddr)
+	p.cmd = exec.Command(controllerBinary(t), args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.exitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		p.signal(syscall.SIGKILL)
+		<-p.exited
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, p.logs.String())
+		}
+	})
+	return p
+}
+
+func (p *process) signal(sig syscall.Signal) {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+// wait waits for the process to exit and returns its error.
+func (p *process) wait(timeout time.Duration) error {
+	select {
+	case <-p.exited:
+		return p.exitErr
+	case <-time.After(timeout):
+		p.t.Fatalf("%s did not exit within %v", p.name, timeout)
+		return nil
+	}
+}
+
+// get fetches a URL path of the metrics or probe server: status code and body.
+func get(url string) (int, string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// metric returns the lines of the /metrics text whose name is name.
+func metricLines(body, name string) []string {
+	var out []string
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// lockedBuffer is a bytes.Buffer that a process writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
