@@ -17,13 +17,27 @@ type dialect struct {
 	lockMigrations string
 	// numbered placeholders ($1, $2, ...) instead of ?.
 	numbered bool
+	// timestamp is the column type of a point in time.
+	timestamp string
 }
 
 var sqlite = &dialect{
 	name:       "sqlite",
 	driver:     "sqlite",
 	migrations: "migrations/sqlite",
+	timestamp:  "TIMESTAMP",
 	// SQLite takes the file's write lock at BEGIN (the DSN's _txlock=immediate).
+}
+
+var postgres = &dialect{
+	name:       "postgres",
+	driver:     "pgx",
+	migrations: "migrations/postgres",
+	timestamp:  "TIMESTAMPTZ",
+	numbered:   true,
+	// A transaction-scoped advisory lock (the key spells "stud"): replicas that start
+	// at once migrate one after the other, and the later finds nothing left to do.
+	lockMigrations: "SELECT pg_advisory_xact_lock(1937011044)",
 }
 
 // rebind rewrites ? placeholders for databases that number them. The registry's own

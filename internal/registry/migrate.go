@@ -65,9 +65,9 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time) error {
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    INTEGER   NOT NULL PRIMARY KEY,
-		name       TEXT      NOT NULL,
-		applied_at TIMESTAMP NOT NULL
+		version    INTEGER NOT NULL PRIMARY KEY,
+		name       TEXT    NOT NULL,
+		applied_at `+d.timestamp+` NOT NULL
 	)`); err != nil {
 		return fmt.Errorf("create schema_migrations: %w", err)
 	}

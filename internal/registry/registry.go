@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -43,6 +44,15 @@ type Record struct {
 type Options struct {
 	// Now is the clock that stamps rows; time.Now when nil.
 	Now func() time.Time
+	// Password for PostgreSQL, in place of one in the URL: from a file or an
+	// environment variable, so that it never shows in a command line.
+	Password string
+	// MaxOpenConns and MaxIdleConns size the connection pool; 0 takes the defaults
+	// (10 and 5). ConnMaxLifetime recycles connections (default 30 minutes), so that
+	// a fail-over or a load balancer's change is picked up.
+	MaxOpenConns    int
+	MaxIdleConns    int
+	ConnMaxLifetime time.Duration
 }
 
 // Registry is the student registry over one database.
@@ -55,9 +65,10 @@ type Registry struct {
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
 // brings its schema up to date. The database/sql driver for the URL's scheme must be
-// registered by the program: modernc.org/sqlite for sqlite.
+// registered by the program: modernc.org/sqlite for sqlite, github.com/jackc/pgx/v5/stdlib
+// for postgres. No error it returns holds the password.
 func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
-	src, err := parseURL(rawURL)
+	src, err := parseURL(rawURL, opts.Password)
 	if err != nil {
 		return nil, err
 	}
@@ -68,6 +79,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open registry %s: %w", src.display, err)
 	}
+	db.SetMaxOpenConns(cmp.Or(opts.MaxOpenConns, 10))
+	db.SetMaxIdleConns(cmp.Or(opts.MaxIdleConns, 5))
+	db.SetConnMaxLifetime(cmp.Or(opts.ConnMaxLifetime, 30*time.Minute))
 	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now}
 	if r.now == nil {
 		r.now = time.Now

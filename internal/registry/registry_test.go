@@ -8,12 +8,15 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
+	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
@@ -38,8 +41,8 @@ func (c *fakeClock) Now() time.Time {
 type backend struct {
 	name string
 	url  func(t *testing.T) string
-	// lock makes the registry refuse writes until the returned function is called.
-	lock func(t *testing.T, url string) (unlock func())
+	// outage makes the database refuse work until the returned function is called.
+	outage func(t *testing.T, url string) (restore func())
 }
 
 func sqliteBackend() backend {
@@ -48,7 +51,7 @@ func sqliteBackend() backend {
 		url: func(t *testing.T) string {
 			return "sqlite://" + filepath.Join(t.TempDir(), "registry.db")
 		},
-		lock: func(t *testing.T, url string) func() {
+		outage: func(t *testing.T, url string) func() {
 			t.Helper()
 			// Another process holding the write lock: what a backup tool or a stuck
 			// writer does to the file.
@@ -72,10 +75,46 @@ func sqliteBackend() backend {
 	}
 }
 
-func TestRegistry(t *testing.T) {
-	for _, b := range []backend{sqliteBackend()} {
-		t.Run(b.name, func(t *testing.T) { runSuite(t, b) })
+func postgresBackend(t *testing.T) backend {
+	t.Helper()
+	ctx := context.Background()
+	server, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatalf("the PostgreSQL half of the registry suite cannot run: %v", err)
 	}
+	t.Cleanup(func() {
+		if err := server.Close(); err != nil {
+			t.Errorf("stop PostgreSQL: %v", err)
+		}
+	})
+	var n atomic.Int32
+	return backend{
+		name: "postgres",
+		url: func(t *testing.T) string {
+			t.Helper()
+			name := fmt.Sprintf("registry_%d", n.Add(1))
+			if err := server.CreateDatabase(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			return server.URL(name, true)
+		},
+		outage: func(t *testing.T, _ string) func() {
+			t.Helper()
+			if err := server.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return func() {
+				if err := server.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		},
+	}
+}
+
+func TestRegistry(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { runSuite(t, sqliteBackend()) })
+	t.Run("postgres", func(t *testing.T) { runSuite(t, postgresBackend(t)) })
 }
 
 func open(t *testing.T, url string, clock *fakeClock) *registry.Registry {
@@ -294,21 +333,62 @@ func runSuite(t *testing.T, b backend) {
 		}
 	})
 
+	t.Run("concurrent open migrates once", func(t *testing.T) {
+		url := b.url(t)
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for range 4 {
+			wg.Go(func() {
+				r, err := registry.Open(ctx, url, registry.Options{})
+				if err == nil {
+					r.Close()
+				}
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Errorf("concurrent Open: %v", err)
+			}
+		}
+		r := open(t, url, newFakeClock())
+		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+			t.Errorf("Upsert after concurrent opens: %v", err)
+		}
+	})
+
 	t.Run("unreachable database", func(t *testing.T) {
 		url := b.url(t)
 		r := open(t, url, newFakeClock())
-		unlock := b.lock(t, url)
+		if _, err := r.Upsert(ctx, student("before", "ctl")); err != nil {
+			t.Fatal(err)
+		}
+		restore := b.outage(t, url)
 		_, err := r.Upsert(ctx, student("u1", "ctl"))
 		if err == nil {
-			unlock()
-			t.Fatal("Upsert succeeded while the database refused writes")
+			restore()
+			t.Fatal("Upsert succeeded while the database was out")
 		}
 		if errors.Is(err, registry.ErrNotOwned) || errors.Is(err, registry.ErrNotFound) {
 			t.Errorf("an outage reads as %v", err)
 		}
-		unlock()
-		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
-			t.Errorf("Upsert after the outage: %v", err)
+		restore()
+		// Connections cut by the outage may fail once more; the controller retries.
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			_, err := r.Upsert(ctx, student("u1", "ctl"))
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Upsert after the outage: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if _, err := r.Get(ctx, "before"); err != nil {
+			t.Errorf("a row written before the outage: %v", err)
 		}
 	})
 }
@@ -320,7 +400,7 @@ func TestOpenErrors(t *testing.T) {
 		url  string
 		want string
 	}{
-		"no scheme":         {url: "registry.db", want: `want sqlite:///ABSOLUTE/PATH.db or sqlite:RELATIVE/PATH.db`},
+		"no scheme":         {url: "registry.db", want: `want sqlite:///ABSOLUTE/PATH.db, sqlite:RELATIVE/PATH.db or postgres://USER@HOST:PORT/DATABASE`},
 		"unknown scheme":    {url: "mysql://db/students", want: `unsupported scheme "mysql"`},
 		"sqlite with host":  {url: "sqlite://host/registry.db", want: "a SQLite URL has no host"},
 		"sqlite no file":    {url: "sqlite:///" + dir + "/", want: "names no file"},
@@ -399,3 +479,44 @@ func TestNewerSchemaRefused(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestPostgresPassword: the password may come apart from the URL, and no error ever
+// shows it.
+func TestPostgresPassword(t *testing.T) {
+	ctx := context.Background()
+	server, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatalf("PostgreSQL needed: %v", err)
+	}
+	defer server.Close()
+	if err := server.CreateDatabase(ctx, "registry"); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := registry.Open(ctx, server.URL("registry", false), registry.Options{Password: pgtest.Password})
+	if err != nil {
+		t.Fatalf("Open with the password from Options: %v", err)
+	}
+	if strings.Contains(r.String(), pgtest.Password) {
+		t.Errorf("String() shows the password: %s", r)
+	}
+	r.Close()
+
+	for name, url := range map[string]string{
+		"wrong password in URL":  strings.Replace(server.URL("registry", true), pgtest.Password, "wrong-"+pgtest.Password, 1),
+		"no such database":       server.URL("nope", true),
+		"nothing listening":      strings.Replace(server.URL("registry", true), server.Addr(), "127.0.0.1:1", 1),
+		"unparsable, with a pwd": "postgres://postgres:" + pgtest.Password + "@127.0.0.1:5432:99/x",
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, err := registry.Open(ctx, url, registry.Options{})
+			if err == nil {
+				r.Close()
+				t.Fatal("Open succeeded")
+			}
+			if strings.Contains(err.Error(), pgtest.Password) {
+				t.Errorf("the error shows the password: %v", err)
+			}
+		})
+	}
+}

@@ -5,12 +5,13 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // source is a parsed registry URL: which database and how to reach it.
 type source struct {
 	dialect *dialect
-	dsn     string // as the driver takes it
+	dsn     string // as the driver takes it; may hold a password
 	display string // for logs and errors: never holds a password
 }
 
@@ -18,38 +19,47 @@ type source struct {
 //
 //	sqlite:///ABSOLUTE/PATH.db   a SQLite file at an absolute path
 //	sqlite:RELATIVE/PATH.db      a SQLite file relative to the working directory
-func parseURL(raw string) (source, error) {
+//	postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=...]  (or postgresql://)
+//
+// password, when not empty, is used for PostgreSQL in place of one in the URL.
+func parseURL(raw, password string) (source, error) {
 	scheme, rest, ok := strings.Cut(raw, ":")
 	if !ok || rest == "" {
-		return source{}, fmt.Errorf("registry URL %q: want sqlite:///ABSOLUTE/PATH.db or sqlite:RELATIVE/PATH.db", raw)
+		return source{}, fmt.Errorf("registry URL %q: want sqlite:///ABSOLUTE/PATH.db, sqlite:RELATIVE/PATH.db or postgres://USER@HOST:PORT/DATABASE", redact(raw))
 	}
 	switch scheme {
 	case "sqlite":
-		u, err := url.Parse(raw)
-		if err != nil {
-			return source{}, fmt.Errorf("registry URL %q: %w", raw, err)
-		}
-		path := u.Opaque
-		if path == "" {
-			if u.Host != "" {
-				return source{}, fmt.Errorf("registry URL %q: a SQLite URL has no host; use sqlite:///ABSOLUTE/PATH.db (three slashes) or sqlite:RELATIVE/PATH.db", raw)
-			}
-			path = u.Path
-		}
-		if path == "" || strings.HasSuffix(path, "/") {
-			return source{}, fmt.Errorf("registry URL %q: names no file", raw)
-		}
-		if u.RawQuery != "" {
-			return source{}, fmt.Errorf("registry URL %q: SQLite URLs take no parameters", raw)
-		}
-		abs, err := filepath.Abs(path)
-		if err != nil {
-			return source{}, fmt.Errorf("registry URL %q: %w", raw, err)
-		}
-		return source{dialect: sqlite, dsn: sqliteDSN(abs), display: "sqlite://" + abs}, nil
+		return parseSQLite(raw)
+	case "postgres", "postgresql":
+		return parsePostgres(raw, password)
 	default:
-		return source{}, fmt.Errorf("registry URL %q: unsupported scheme %q (supported: sqlite)", raw, scheme)
+		return source{}, fmt.Errorf("registry URL %q: unsupported scheme %q (supported: sqlite, postgres)", redact(raw), scheme)
 	}
+}
+
+func parseSQLite(raw string) (source, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return source{}, fmt.Errorf("registry URL %q: %w", raw, err)
+	}
+	path := u.Opaque
+	if path == "" {
+		if u.Host != "" {
+			return source{}, fmt.Errorf("registry URL %q: a SQLite URL has no host; use sqlite:///ABSOLUTE/PATH.db (three slashes) or sqlite:RELATIVE/PATH.db", raw)
+		}
+		path = u.Path
+	}
+	if path == "" || strings.HasSuffix(path, "/") {
+		return source{}, fmt.Errorf("registry URL %q: names no file", raw)
+	}
+	if u.RawQuery != "" {
+		return source{}, fmt.Errorf("registry URL %q: SQLite URLs take no parameters", raw)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return source{}, fmt.Errorf("registry URL %q: %w", raw, err)
+	}
+	return source{dialect: sqlite, dsn: sqliteDSN(abs), display: "sqlite://" + abs}, nil
 }
 
 // sqliteDSN opens the file in WAL mode with a busy timeout, so that other readers and
@@ -62,4 +72,51 @@ func sqliteDSN(path string) string {
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Set("_txlock", "immediate")
 	return "file:" + path + "?" + q.Encode()
+}
+
+// defaultConnectTimeout bounds a connection attempt when the URL does not: an
+// unreachable server fails a sync in seconds rather than hanging a worker.
+const defaultConnectTimeout = 5 * time.Second
+
+func parsePostgres(raw, password string) (source, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse's error quotes the URL, password and all.
+		return source{}, fmt.Errorf("registry URL %q: not a valid URL", redact(raw))
+	}
+	if u.Host == "" || strings.Trim(u.Path, "/") == "" {
+		return source{}, fmt.Errorf("registry URL %q: want postgres://USER@HOST:PORT/DATABASE", u.Redacted())
+	}
+	if password != "" {
+		user := ""
+		if u.User != nil {
+			user = u.User.Username()
+		}
+		u.User = url.UserPassword(user, password)
+	}
+	q := u.Query()
+	if q.Get("connect_timeout") == "" {
+		q.Set("connect_timeout", fmt.Sprint(int(defaultConnectTimeout.Seconds())))
+	}
+	u.RawQuery = q.Encode()
+	display := *u
+	display.RawQuery = ""
+	return source{dialect: postgres, dsn: u.String(), display: display.Redacted()}, nil
+}
+
+// redact hides a password in a URL that may not even parse.
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		if user, _, hasPass := strings.Cut(rest[:at], ":"); hasPass {
+			return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
+		}
+	}
+	return raw
 }

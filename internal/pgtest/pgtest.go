@@ -1,0 +1,177 @@
+// Package pgtest starts a real PostgreSQL server for tests: the machine's PostgreSQL
+// binaries, a fresh cluster in a temporary folder, a free port on 127.0.0.1, run as the
+// postgres user when the tests run as root (the server refuses root).
+package pgtest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Password is the superuser's password on every test server. Tests assert it never
+// shows in logs or Events.
+const Password = "pg-test-s3cret-9f2c"
+
+// Server is a running PostgreSQL server.
+type Server struct {
+	dir   string
+	bin   string
+	port  int
+	creds *syscall.Credential
+}
+
+// BinDir is where Debian's postgresql-15 package puts the server binaries; the
+// PGTEST_BIN environment variable points elsewhere.
+func BinDir() string {
+	if dir := os.Getenv("PGTEST_BIN"); dir != "" {
+		return dir
+	}
+	return "/usr/lib/postgresql/15/bin"
+}
+
+// Start initialises a cluster in a new temporary folder and starts its server.
+func Start(ctx context.Context) (*Server, error) {
+	bin := BinDir()
+	for _, b := range []string{"initdb", "pg_ctl", "postgres"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			return nil, fmt.Errorf("PostgreSQL server binaries not found in %s (install the Debian package postgresql, or set PGTEST_BIN): %w", bin, err)
+		}
+	}
+	s := &Server{bin: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("running as root, the server needs the postgres user (the Debian package postgresql creates it): %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		s.creds = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	var err error
+	// Not under a test's TempDir: its parents are private to root.
+	if s.dir, err = os.MkdirTemp("", "pgtest-"); err != nil {
+		return nil, err
+	}
+	if s.creds != nil {
+		if err := os.Chown(s.dir, int(s.creds.Uid), int(s.creds.Gid)); err != nil {
+			return nil, errors.Join(err, s.cleanup())
+		}
+	}
+	pwfile := filepath.Join(s.dir, "pwfile")
+	if err := s.writeFile(pwfile, Password+"\n"); err != nil {
+		return nil, errors.Join(err, s.cleanup())
+	}
+	if out, err := s.command(ctx, "initdb", "-D", s.data(), "-U", "postgres", "--pwfile", pwfile,
+		"--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C.UTF-8").CombinedOutput(); err != nil {
+		return nil, errors.Join(fmt.Errorf("initdb: %v\n%s", err, out), s.cleanup())
+	}
+	if s.port, err = freePort(); err != nil {
+		return nil, errors.Join(err, s.cleanup())
+	}
+	if err := s.Start(ctx); err != nil {
+		return nil, errors.Join(err, s.cleanup())
+	}
+	return s, nil
+}
+
+func (s *Server) data() string { return filepath.Join(s.dir, "data") }
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
+
+// URL is a registry URL for database db, with the password left out when
+// withPassword is false (the caller passes it another way).
+func (s *Server) URL(db string, withPassword bool) string {
+	u := url.URL{Scheme: "postgres", Host: s.Addr(), Path: "/" + db, RawQuery: "sslmode=disable"}
+	if withPassword {
+		u.User = url.UserPassword("postgres", Password)
+	} else {
+		u.User = url.User("postgres")
+	}
+	return u.String()
+}
+
+// CreateDatabase creates an empty database and returns its name.
+func (s *Server) CreateDatabase(ctx context.Context, name string) error {
+	db, err := sql.Open("pgx", s.URL("postgres", true))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, `CREATE DATABASE "`+strings.ReplaceAll(name, `"`, ``)+`"`)
+	return err
+}
+
+// Start starts the server (again, after Stop) on the same folder and port.
+func (s *Server) Start(ctx context.Context) error {
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", s.port, s.dir)
+	out, err := s.command(ctx, "pg_ctl", "-D", s.data(), "-o", opts, "-l", filepath.Join(s.dir, "server.log"), "-w", "-t", "60", "start").CombinedOutput()
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+		return fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
+	}
+	return nil
+}
+
+// Stop stops the server at once (fast shutdown: open connections are cut).
+func (s *Server) Stop(ctx context.Context) error {
+	out, err := s.command(ctx, "pg_ctl", "-D", s.data(), "-m", "fast", "-w", "-t", "60", "stop").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl stop: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// Close stops the server if it runs and removes its folder.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var err error
+	if _, statErr := os.Stat(filepath.Join(s.data(), "postmaster.pid")); statErr == nil {
+		err = s.Stop(ctx)
+	}
+	return errors.Join(err, s.cleanup())
+}
+
+func (s *Server) cleanup() error { return os.RemoveAll(s.dir) }
+
+func (s *Server) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.bin, name), args...)
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8")
+	if s.creds != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.creds}
+	}
+	return cmd
+}
+
+func (s *Server) writeFile(path, content string) error {
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return err
+	}
+	if s.creds != nil {
+		return os.Chown(path, int(s.creds.Uid), int(s.creds.Gid))
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
