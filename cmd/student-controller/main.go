@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the PostgreSQL driver for postgres: registry URLs
 	"k8s.io/klog/v2"
 	_ "modernc.org/sqlite" // the SQLite driver for sqlite: registry URLs
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -16,6 +18,10 @@ type options struct {
 	burst             int
 	workers           int
 	registryURL       string
+	passwordFile      string
+	maxOpenConns      int
+	maxIdleConns      int
+	connMaxLifetime   time.Duration
 	owner             string
 	sweepInterval     time.Duration
 	sweepMaxDeletions int
@@ -43,7 +49,15 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.burst, "kube-api-burst", 200, "Queries to the API server in a burst.")
 	fs.IntVar(&o.workers, "workers", 8, "Students synced in parallel.")
 	fs.StringVar(&o.registryURL, "registry", "sqlite:student-registry.db",
-		"The student registry: sqlite:///ABSOLUTE/PATH.db, or sqlite:RELATIVE/PATH.db (relative to the working directory).")
+		"The student registry: sqlite:///ABSOLUTE/PATH.db, sqlite:RELATIVE/PATH.db (relative to the working directory), "+
+			"or postgres://USER@HOST:PORT/DATABASE?sslmode=verify-full. Give a PostgreSQL password with --registry-password-file "+
+			"or the REGISTRY_PASSWORD environment variable rather than in the URL, which shows in the process list.")
+	fs.StringVar(&o.passwordFile, "registry-password-file", "",
+		"File holding the registry's password (a mounted Secret); overrides REGISTRY_PASSWORD and a password in the URL.")
+	fs.IntVar(&o.maxOpenConns, "registry-max-open-conns", 10, "Most connections open to the registry at once.")
+	fs.IntVar(&o.maxIdleConns, "registry-max-idle-conns", 5, "Most idle connections kept to the registry.")
+	fs.DurationVar(&o.connMaxLifetime, "registry-conn-max-lifetime", 30*time.Minute,
+		"Connections to the registry are replaced after this long, so a fail-over or a new server is picked up.")
 	fs.StringVar(&o.owner, "registry-owner", "student-controller",
 		"Owner mark on the registry rows this controller writes. It never changes or deletes rows with another owner.")
 	fs.DurationVar(&o.sweepInterval, "sweep-interval", 5*time.Minute,
@@ -72,6 +86,19 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 turns them off.")
 }
 
+// registryPassword is the password from --registry-password-file or REGISTRY_PASSWORD,
+// if either gives one.
+func (o *options) registryPassword() (string, error) {
+	if o.passwordFile != "" {
+		b, err := os.ReadFile(o.passwordFile)
+		if err != nil {
+			return "", fmt.Errorf("--registry-password-file: %w", err)
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
+	}
+	return os.Getenv("REGISTRY_PASSWORD"), nil
+}
+
 func (o *options) validate() error {
 	var errs []error
 	if o.workers < 1 {
@@ -85,6 +112,9 @@ func (o *options) validate() error {
 	}
 	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 {
 		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions and --resync-period must not be negative"))
+	}
+	if o.maxOpenConns < 1 || o.maxIdleConns < 0 || o.connMaxLifetime <= 0 {
+		errs = append(errs, errors.New("--registry-max-open-conns must be at least 1, --registry-max-idle-conns not negative, --registry-conn-max-lifetime positive"))
 	}
 	if o.syncTimeout <= 0 || o.shutdownTimeout <= 0 {
 		errs = append(errs, errors.New("--sync-timeout and --shutdown-timeout must be positive"))

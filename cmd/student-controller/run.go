@@ -56,7 +56,16 @@ func run(ctx context.Context, opts options) error {
 		return fmt.Errorf("build Student client: %w", err)
 	}
 
-	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{})
+	password, err := opts.registryPassword()
+	if err != nil {
+		return err
+	}
+	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{
+		Password:        password,
+		MaxOpenConns:    opts.maxOpenConns,
+		MaxIdleConns:    opts.maxIdleConns,
+		ConnMaxLifetime: opts.connMaxLifetime,
+	})
 	if err != nil {
 		return err
 	}

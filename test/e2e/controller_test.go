@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -127,11 +127,12 @@ func assertRowsMatch(t *testing.T, db *sql.DB, items []studentv1.Student) {
 
 // TestConvergeUpdateRestart: 100 Students converge within the write budget, an update
 // reaches its row, and a restarted controller over synced Students writes nothing.
-func TestConvergeUpdateRestart(t *testing.T) {
+func TestConvergeUpdateRestart(t *testing.T) { forEachBackend(t, testConvergeUpdateRestart) }
+
+func testConvergeUpdateRestart(t *testing.T, b backend) {
 	ns := newNamespace(t)
-	path := filepath.Join(t.TempDir(), "registry.db")
-	db := rawDB(t, path)
-	ctrl := startController(t, controllerOptions{registryPath: path, namespace: ns})
+	url, db := b.newRegistry(t)
+	ctrl := startController(t, controllerOptions{registryURL: url, namespace: ns})
 
 	createMany(t, ns, 100, "s")
 	items := waitAllReady(t, ns, 100, 2*time.Minute)
@@ -163,7 +164,7 @@ func TestConvergeUpdateRestart(t *testing.T) {
 	// Restart over synced Students: every one is synced again (a registry read each),
 	// and nothing is written, to the API server or to the registry.
 	ctrl.stop()
-	restarted := startController(t, controllerOptions{registryPath: path, namespace: ns})
+	restarted := startController(t, controllerOptions{registryURL: url, namespace: ns})
 	eventually(t, time.Minute, "the restarted controller to sync every Student", func(context.Context) (bool, error) {
 		return restarted.registry.gets.Load() >= 100, nil
 	})
@@ -179,11 +180,12 @@ func TestConvergeUpdateRestart(t *testing.T) {
 
 // TestDeletePolicies: with Delete the row is gone before the object is; with Orphan the
 // row stays, released.
-func TestDeletePolicies(t *testing.T) {
+func TestDeletePolicies(t *testing.T) { forEachBackend(t, testDeletePolicies) }
+
+func testDeletePolicies(t *testing.T, b backend) {
 	ns := newNamespace(t)
-	path := filepath.Join(t.TempDir(), "registry.db")
-	db := rawDB(t, path)
-	startController(t, controllerOptions{registryPath: path, namespace: ns})
+	url, db := b.newRegistry(t)
+	startController(t, controllerOptions{registryURL: url, namespace: ns})
 	ctx := context.Background()
 
 	for _, s := range []*studentv1.Student{
@@ -233,7 +235,7 @@ func TestDeletePolicies(t *testing.T) {
 		t.Errorf("policy Orphan: want the row kept and released, got %+v", row)
 	}
 	var releasedAt sql.NullString
-	if err := db.QueryRow(`SELECT released_at FROM students WHERE uid = ?`, uids["keep-my-row"]).Scan(&releasedAt); err != nil || !releasedAt.Valid {
+	if err := db.QueryRow(b.rebind(`SELECT released_at FROM students WHERE uid = ?`), uids["keep-my-row"]).Scan(&releasedAt); err != nil || !releasedAt.Valid {
 		t.Errorf("policy Orphan: released_at = %v, %v; want it set", releasedAt, err)
 	}
 }
@@ -241,11 +243,12 @@ func TestDeletePolicies(t *testing.T) {
 // TestSweepRepairsDrift: rows changed, deleted or left behind by others are put right by
 // the sweep (resync is off, so nothing else would), and another owner's rows are not
 // touched.
-func TestSweepRepairsDrift(t *testing.T) {
+func TestSweepRepairsDrift(t *testing.T) { forEachBackend(t, testSweepRepairsDrift) }
+
+func testSweepRepairsDrift(t *testing.T, b backend) {
 	ns := newNamespace(t)
-	path := filepath.Join(t.TempDir(), "registry.db")
-	db := rawDB(t, path)
-	startController(t, controllerOptions{registryPath: path, namespace: ns, sweepInterval: 500 * time.Millisecond})
+	url, db := b.newRegistry(t)
+	startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: 500 * time.Millisecond})
 
 	createMany(t, ns, 3, "d")
 	items := waitAllReady(t, ns, 3, time.Minute)
@@ -268,7 +271,7 @@ func TestSweepRepairsDrift(t *testing.T) {
 		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
 			VALUES ('foreign-uid', ?, 'theirs', 'Theirs', 'Elsewhere', 'another-controller', 1, ?, ?)`, []any{ns, now, now}},
 	} {
-		if _, err := db.Exec(stmt.query, stmt.args...); err != nil {
+		if _, err := db.Exec(b.rebind(stmt.query), stmt.args...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -286,36 +289,29 @@ func TestSweepRepairsDrift(t *testing.T) {
 	}
 }
 
-// TestRegistryOutage: while the registry refuses writes, Students report Ready=False
+// TestRegistryOutage: while the registry is out (SQLite: another program holds the
+// file's write lock; PostgreSQL: the server is stopped for 20 s), Students report Ready=False
 // with a clear reason and a deleted Student stays Terminating; once it is back,
 // everything converges and the rows match the live Students exactly.
-func TestRegistryOutage(t *testing.T) {
+func TestRegistryOutage(t *testing.T) { forEachBackend(t, testRegistryOutage) }
+
+func testRegistryOutage(t *testing.T, b backend) {
 	ns := newNamespace(t)
-	path := filepath.Join(t.TempDir(), "registry.db")
-	db := rawDB(t, path)
-	startController(t, controllerOptions{registryPath: path, namespace: ns})
+	url, db := b.newRegistry(t)
+	startController(t, controllerOptions{registryURL: url, namespace: ns})
 	ctx := context.Background()
 
 	createMany(t, ns, 5, "before")
 	waitAllReady(t, ns, 5, time.Minute)
 
-	// Another program takes the file's write lock and keeps it.
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatal(err)
-	}
-	locked := true
-	unlock := func() {
-		if locked {
-			locked = false
-			_, _ = conn.ExecContext(ctx, "ROLLBACK")
-			conn.Close()
+	restore := b.outage(t, db)
+	outageStarted := time.Now()
+	restored := false
+	defer func() {
+		if !restored {
+			restore()
 		}
-	}
-	defer unlock()
+	}()
 
 	createMany(t, ns, 3, "during")
 	if err := students(ns).Delete(ctx, "before-000", metav1.DeleteOptions{}); err != nil {
@@ -336,15 +332,23 @@ func TestRegistryOutage(t *testing.T) {
 	if deleting.DeletionTimestamp == nil || len(deleting.Finalizers) == 0 {
 		t.Errorf("the deleted Student is not held Terminating: %+v", deleting.ObjectMeta)
 	}
-	events, err := kubeEvents(ctx, ns, "during-000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !containsReason(events, controller.EventRegistryError) {
-		t.Errorf("no %s Event on during-000; events: %v", controller.EventRegistryError, events)
+	var events []string
+	eventually(t, 20*time.Second, "a RegistryError Event on during-000", func(ctx context.Context) (bool, error) {
+		var err error
+		events, err = kubeEvents(ctx, ns, "during-000")
+		return containsReason(events, controller.EventRegistryError), err
+	})
+	for _, e := range events {
+		if strings.Contains(e, pgtest.Password) {
+			t.Errorf("an Event shows the registry password: %s", e)
+		}
 	}
 
-	unlock()
+	if rest := b.hold - time.Since(outageStarted); rest > 0 {
+		time.Sleep(rest) // the outage lasts its full length
+	}
+	restore()
+	restored = true
 	items := waitAllReady(t, ns, 7, 2*time.Minute)
 	eventually(t, time.Minute, "the deleted Student to go", func(ctx context.Context) (bool, error) {
 		_, err := students(ns).Get(ctx, "before-000", metav1.GetOptions{})

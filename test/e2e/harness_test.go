@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -42,6 +44,8 @@ var (
 	// controllerID is the controller's ServiceAccount with exactly the RBAC of
 	// config/rbac: every controller in these tests runs as it, never as an admin.
 	controllerID *identity
+	// pg is the PostgreSQL server behind the postgres registries.
+	pg *pgtest.Server
 )
 
 func TestMain(m *testing.M) {
@@ -75,6 +79,15 @@ func runTests(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
 		return 1
 	}
+	if pg, err = pgtest.Start(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
+		return 1
+	}
+	defer func() {
+		if err := pg.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "stop PostgreSQL: %v\n", err)
+		}
+	}()
 	return m.Run()
 }
 
@@ -169,7 +182,7 @@ type running struct {
 }
 
 type controllerOptions struct {
-	registryPath  string
+	registryURL   string
 	namespace     string
 	sweepInterval time.Duration
 	resync        time.Duration
@@ -185,7 +198,7 @@ func startController(t *testing.T, opts controllerOptions) *running {
 	kubeClient := kubernetes.NewForConfigOrDie(cfg)
 	studentClient := versioned.NewForConfigOrDie(cfg)
 
-	reg, err := registry.Open(ctx, "sqlite://"+opts.registryPath, registry.Options{})
+	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -30,6 +31,12 @@ type process struct {
 // startProcess runs the binary with args plus its own metrics and probe addresses.
 func startProcess(t *testing.T, name string, args ...string) *process {
 	t.Helper()
+	return startProcessEnv(t, name, nil, args...)
+}
+
+// startProcessEnv is startProcess with extra environment variables.
+func startProcessEnv(t *testing.T, name string, env []string, args ...string) *process {
+	t.Helper()
 	p := &process{
 		t: t, name: name, logs: &lockedBuffer{}, exited: make(chan struct{}),
 		metricsAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
@@ -38,6 +45,7 @@ func startProcess(t *testing.T, name string, args ...string) *process {
 	args = append(args, "--metrics-bind-address", p.metricsAddr, "--health-probe-bind-address", p.probeAddr)
 	p.cmd = exec.Command(controllerBinary(t), args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	p.cmd.Env = append(os.Environ(), env...)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

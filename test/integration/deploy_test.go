@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -30,6 +31,7 @@ func TestDeployDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "default"))
+	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "postgres"))
 	for _, want := range []string{
 		"customresourcedefinition.apiextensions.k8s.io/students.bolingcavalry.k8s.io",
 		"deployment.apps/student-controller",
@@ -142,6 +144,51 @@ func TestDeploymentShape(t *testing.T) {
 	if len(roles) != 1 || roles[0].Namespace != "student-controller-system" || len(roles[0].Rules) != 1 ||
 		roles[0].Rules[0].Resources[0] != "leases" {
 		t.Errorf("want one Role, for leases in student-controller-system; got %+v", roles)
+	}
+}
+
+// TestPostgresOverlay: config/postgres swaps the SQLite registry for PostgreSQL, with
+// the password from a mounted Secret rather than the command line.
+func TestPostgresOverlay(t *testing.T) {
+	out, err := exec.CommandContext(context.Background(), "kubectl", "kustomize", filepath.Join(env.Root, "config", "postgres")).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v", err)
+	}
+	decoder := yaml.NewYAMLReader(bufioReader(out))
+	for {
+		doc, err := decoder.Read()
+		if err != nil {
+			t.Fatal("config/postgres has no Deployment")
+		}
+		var d appsv1.Deployment
+		if err := sigsyaml.Unmarshal(doc, &d); err != nil || d.Kind != "Deployment" {
+			continue
+		}
+		ctr := d.Spec.Template.Spec.Containers[0]
+		args := strings.Join(ctr.Args, " ")
+		if !strings.Contains(args, "--registry-password-file=/etc/student-registry/password") || strings.Contains(args, "sqlite") {
+			t.Errorf("args %q: want a password file and no SQLite", args)
+		}
+		for _, a := range ctr.Args {
+			if raw, ok := strings.CutPrefix(a, "--registry="); ok {
+				u, err := url.Parse(raw)
+				if err != nil || u.Scheme != "postgres" {
+					t.Errorf("--registry=%s: want a postgres URL (%v)", raw, err)
+				} else if _, hasPassword := u.User.Password(); hasPassword {
+					t.Errorf("--registry=%s carries a password", u.Redacted())
+				}
+			}
+		}
+		mounted := false
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Secret != nil && v.Secret.SecretName == "student-registry" {
+				mounted = true
+			}
+		}
+		if !mounted {
+			t.Error("the Secret student-registry is not mounted")
+		}
+		return
 	}
 }
 

@@ -1,0 +1,103 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/pgtest"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// TestPostgresPasswordNeverShown runs the controller binary on PostgreSQL, with the
+// password given each way it can be (in the URL, in REGISTRY_PASSWORD, in a file),
+// through an outage, at high verbosity: the password shows in no log line and no Event.
+func TestPostgresPasswordNeverShown(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	pwFile := filepath.Join(dir, "password")
+	if err := os.WriteFile(pwFile, []byte(pgtest.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ways := []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{name: "in the URL", args: []string{"--registry", pg.URL("pw_url", true)}},
+		{name: "REGISTRY_PASSWORD", args: []string{"--registry", pg.URL("pw_env", false)}, env: []string{"REGISTRY_PASSWORD=" + pgtest.Password}},
+		{name: "password file", args: []string{"--registry", pg.URL("pw_file", false), "--registry-password-file", pwFile}},
+	}
+	for i, way := range ways {
+		t.Run(way.name, func(t *testing.T) {
+			if err := pg.CreateDatabase(ctx, []string{"pw_url", "pw_env", "pw_file"}[i]); err != nil {
+				t.Fatal(err)
+			}
+			ns := newNamespace(t)
+			p := startProcessEnv(t, "controller", way.env, append(way.args,
+				"--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--registry-owner", owner, "-v", "6")...)
+
+			createMany(t, ns, 2, "before")
+			waitAllReady(t, ns, 2, time.Minute)
+
+			if err := pg.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			createMany(t, ns, 1, "during")
+			eventually(t, time.Minute, "the outage to show on the Student", func(ctx context.Context) (bool, error) {
+				s, err := students(ns).Get(ctx, "during-000", metav1.GetOptions{})
+				if err != nil {
+					return false, err
+				}
+				c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady)
+				return c != nil && c.Reason == studentv1.ReasonRegistryUnavailable, nil
+			})
+			if err := pg.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			waitAllReady(t, ns, 3, 2*time.Minute)
+			eventually(t, 20*time.Second, "the RegistryError Event", func(ctx context.Context) (bool, error) {
+				events, err := kubeEvents(ctx, ns, "during-000")
+				return containsReason(events, "RegistryError"), err
+			})
+
+			p.signal(syscall.SIGTERM)
+			if err := p.wait(45 * time.Second); err != nil {
+				t.Errorf("exit after SIGTERM: %v", err)
+			}
+			logs := p.logs.String()
+			if !strings.Contains(logs, "Registry open") || !strings.Contains(logs, "RegistryError") {
+				t.Errorf("the logs lack the lines this test looks through")
+			}
+			if strings.Contains(logs, pgtest.Password) {
+				t.Errorf("the logs show the registry password: %s", lineWith(logs, pgtest.Password))
+			}
+			list, err := kubeClient().CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range list.Items {
+				if strings.Contains(e.Message, pgtest.Password) {
+					t.Errorf("Event %s shows the registry password: %s", e.Reason, e.Message)
+				}
+			}
+		})
+	}
+}
+
+func lineWith(text, s string) string {
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, s) {
+			return fmt.Sprintf("%.300s", line)
+		}
+	}
+	return ""
+}
