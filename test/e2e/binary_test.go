@@ -25,8 +25,13 @@ func TestBinary(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "registry.db")
 	db := rawDB(t, path)
 
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "student-controller ") || !strings.Contains(string(out), "go1.") {
+		t.Errorf("--version: %q, %v", out, err)
+	}
+
 	// Bad flags get a clear error and exit code 2.
-	out, err := exec.Command(bin, "--workers=0", "--registry-owner=").CombinedOutput()
+	out, err = exec.Command(bin, "--workers=0", "--registry-owner=").CombinedOutput()
 	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "--workers must be at least 1") || !strings.Contains(string(out), "--registry-owner must not be empty") {
 		t.Errorf("bad flags: exit %d, output %q", code, out)
 	}
