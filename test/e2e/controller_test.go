@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
@@ -317,14 +316,7 @@ func testRegistryOutage(t *testing.T, b backend) {
 	if err := students(ns).Delete(ctx, "before-000", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "new Students to report the outage", func(ctx context.Context) (bool, error) {
-		s, err := students(ns).Get(ctx, "during-000", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == studentv1.ReasonRegistryUnavailable, nil
-	})
+	waitOutageShown(t, ns, "during-000")
 	deleting, err := students(ns).Get(ctx, "before-000", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the deleted Student went away while its row could not be deleted: %v", err)

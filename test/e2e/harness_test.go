@@ -275,3 +275,16 @@ func newNamespace(t *testing.T) string {
 	}
 	return ns.Name
 }
+
+// waitOutageShown waits until a Student reports Ready=False for the registry's outage.
+func waitOutageShown(t *testing.T, ns, name string) {
+	t.Helper()
+	eventually(t, time.Minute, name+" to report the registry outage", func(ctx context.Context) (bool, error) {
+		s, err := students(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == studentv1.ReasonRegistryUnavailable, nil
+	})
+}

@@ -10,11 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/student-controller/student-controller/internal/pgtest"
-	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
 // TestPostgresPasswordNeverShown runs the controller binary on PostgreSQL, with the
@@ -52,14 +50,7 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 				t.Fatal(err)
 			}
 			createMany(t, ns, 1, "during")
-			eventually(t, time.Minute, "the outage to show on the Student", func(ctx context.Context) (bool, error) {
-				s, err := students(ns).Get(ctx, "during-000", metav1.GetOptions{})
-				if err != nil {
-					return false, err
-				}
-				c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady)
-				return c != nil && c.Reason == studentv1.ReasonRegistryUnavailable, nil
-			})
+			waitOutageShown(t, ns, "during-000")
 			if err := pg.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
