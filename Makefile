@@ -46,3 +46,9 @@ run: controlplane build ## Run everything locally: control plane, CRD, samples, 
 .PHONY: test
 test: controlplane ## Run every test: unit, integration against the real control plane, codegen checks.
 	go test -race -timeout 30m $(GO_TEST_FLAGS) ./...
+
+BENCH_N ?= 10000
+
+.PHONY: bench
+bench: controlplane ## Benchmark against the alternatives; results in bench/results (BENCH_N=500 for a quick run).
+	go run ./test/bench -n $(BENCH_N) -out bench/results

@@ -28,6 +28,7 @@ type options struct {
 	resyncPeriod      time.Duration
 	syncTimeout       time.Duration
 	shutdownTimeout   time.Duration
+	rateLimiter       string
 
 	leaderElect          bool
 	leaderElectNamespace string
@@ -45,8 +46,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Only required if out-of-cluster.")
 	fs.StringVar(&o.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig. Only required if out-of-cluster.")
 	fs.StringVar(&o.namespace, "namespace", "", "Only watch Students in this namespace. All namespaces when empty.")
-	fs.Float64Var(&o.qps, "kube-api-qps", 100, "Queries per second to the API server, sustained.")
-	fs.IntVar(&o.burst, "kube-api-burst", 200, "Queries to the API server in a burst.")
+	fs.Float64Var(&o.qps, "kube-api-qps", 500, "Queries per second to the API server, sustained. The server protects itself with API Priority and Fairness; this bounds one controller.")
+	fs.IntVar(&o.burst, "kube-api-burst", 1000, "Queries to the API server in a burst.")
 	fs.IntVar(&o.workers, "workers", 8, "Students synced in parallel.")
 	fs.StringVar(&o.registryURL, "registry", "sqlite:student-registry.db",
 		"The student registry: sqlite:///ABSOLUTE/PATH.db, sqlite:RELATIVE/PATH.db (relative to the working directory), "+
@@ -66,6 +67,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"A sweep that would delete more orphan rows than this deletes none and reports it.")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Minute, "How often every Student is synced again even without a change.")
 	fs.DurationVar(&o.syncTimeout, "sync-timeout", 30*time.Second, "Time limit of one sync; also bounds the drain on shutdown.")
+	fs.StringVar(&o.rateLimiter, "workqueue-rate-limiter", "external-io",
+		"Retry spacing: external-io (0.5 s doubling to 5 min, 50/s overall) or client-go (client-go's default: 5 ms doubling to 16 min, 10/s overall; for comparison).")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 45*time.Second,
 		"On SIGTERM, exit after at most this long even if work is still in flight. Keep it below the Pod's terminationGracePeriodSeconds.")
 
@@ -115,6 +118,9 @@ func (o *options) validate() error {
 	}
 	if o.maxOpenConns < 1 || o.maxIdleConns < 0 || o.connMaxLifetime <= 0 {
 		errs = append(errs, errors.New("--registry-max-open-conns must be at least 1, --registry-max-idle-conns not negative, --registry-conn-max-lifetime positive"))
+	}
+	if o.rateLimiter != "external-io" && o.rateLimiter != "client-go" {
+		errs = append(errs, fmt.Errorf("--workqueue-rate-limiter must be external-io or client-go, got %q", o.rateLimiter))
 	}
 	if o.syncTimeout <= 0 || o.shutdownTimeout <= 0 {
 		errs = append(errs, errors.New("--sync-timeout and --shutdown-timeout must be positive"))

@@ -18,6 +18,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -86,13 +87,21 @@ func run(ctx context.Context, opts options) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: controller.Name})
 
+	// The cache drops managedFields: the controller never reads them, and with many
+	// Students they are a large part of each object.
 	factory := externalversions.NewSharedInformerFactoryWithOptions(studentClient, opts.resyncPeriod,
-		externalversions.WithNamespace(opts.namespace))
+		externalversions.WithNamespace(opts.namespace),
+		externalversions.WithTransform(controller.StripManagedFields))
+	rateLimiter := controller.DefaultRateLimiter()
+	if opts.rateLimiter == "client-go" {
+		rateLimiter = workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName]()
+	}
 	ctrl, err := controller.New(ctx, studentClient, factory.Bolingcavalry().V1().Students(), reg, recorder, controller.Config{
 		Owner:             opts.owner,
 		SweepInterval:     opts.sweepInterval,
 		SweepMaxDeletions: opts.sweepMaxDeletions,
 		SyncTimeout:       opts.syncTimeout,
+		RateLimiter:       rateLimiter,
 		SweepEventTarget:  podReference(),
 		Metrics:           metrics,
 	})

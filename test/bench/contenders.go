@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+)
+
+// contender is one way of doing the work.
+type contender struct {
+	name     string
+	describe string
+	args     func(h *harness, ns, registryURL, metricsAddr, probeAddr string) []string
+	bin      string
+	// registry: it writes rows, and converging includes them.
+	registry bool
+	// reconciles is the metric that counts its syncs (for the restart phase).
+	reconciles string
+}
+
+type binaries struct{ controller, peer, floor string }
+
+func build(ctx context.Context, root, scratch string) (binaries, error) {
+	b := binaries{
+		controller: filepath.Join(scratch, "student-controller"),
+		peer:       filepath.Join(scratch, "peer"),
+		floor:      filepath.Join(scratch, "floor"),
+	}
+	for pkg, out := range map[string]string{
+		"./cmd/student-controller": b.controller, "./test/bench/peer": b.peer, "./test/bench/floor": b.floor,
+	} {
+		say("building %s", pkg)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		cmd.Dir = root
+		if o, err := cmd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("build %s: %v\n%s", pkg, err, o)
+		}
+	}
+	return b, nil
+}
+
+func contenders(b binaries) []contender {
+	controllerArgs := func(extra ...string) func(h *harness, ns, reg, m, p string) []string {
+		return func(h *harness, ns, reg, m, p string) []string {
+			return append([]string{"--kubeconfig", h.kubeconfig, "--namespace", ns, "--registry", reg,
+				"--metrics-bind-address", m, "--health-probe-bind-address", p}, extra...)
+		}
+	}
+	return []contender{
+		{
+			name: "student-controller", describe: "defaults",
+			bin: b.controller, registry: true, reconciles: "student_controller_reconcile_total",
+			args: controllerArgs(),
+		},
+		{
+			name: "original-settings", describe: "student-controller with the original controller's settings: QPS 5, burst 10, 2 workers, client-go's default rate limiter",
+			bin: b.controller, registry: true, reconciles: "student_controller_reconcile_total",
+			args: controllerArgs("--kube-api-qps=5", "--kube-api-burst=10", "--workers=2", "--workqueue-rate-limiter=client-go"),
+		},
+		{
+			name: "controller-runtime", describe: "a kubebuilder-style controller-runtime v0.25 reconciler with its defaults (1 concurrent reconcile, default cache, client-side rate limit off as ctrl.GetConfig leaves it)",
+			bin: b.peer, registry: true, reconciles: "controller_runtime_reconcile_total",
+			args: func(h *harness, ns, reg, m, p string) []string {
+				return []string{"--kubeconfig", h.kubeconfig, "--namespace", ns, "--registry", reg,
+					"--metrics-bind-address", m, "--health-probe-bind-address", p}
+			},
+		},
+		{
+			name: "floor", describe: "only the API writes (finalizer, status) at student-controller's client settings (QPS 500, burst 1000, 8 workers); no informer, no registry",
+			bin: b.floor,
+			args: func(h *harness, ns, _, m, _ string) []string {
+				return []string{"--kubeconfig", h.kubeconfig, "--namespace", ns, "--metrics-bind-address", m,
+					"--kube-api-qps=500", "--kube-api-burst=1000", "--workers=8"}
+			},
+		},
+	}
+}

@@ -1,0 +1,460 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	_ "modernc.org/sqlite"
+
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
+)
+
+type harness struct {
+	n          int
+	phase      time.Duration
+	scratch    string
+	kubeconfig string
+	kube       kubernetes.Interface
+	students   versioned.Interface
+}
+
+// point is the number of Ready Students at a time since the loader started.
+type point struct {
+	Seconds float64 `json:"s"`
+	Ready   int     `json:"ready"`
+}
+
+type result struct {
+	Name     string `json:"name"`
+	Describe string `json:"describe"`
+	N        int    `json:"n"`
+
+	Converged        bool    `json:"converged"`
+	ConvergeSeconds  float64 `json:"convergeSeconds"`  // measured, or when cut off
+	ReadyAtCutoff    int     `json:"readyAtCutoff"`    // when not converged
+	ProjectedSeconds float64 `json:"projectedSeconds"` // converge time, measured or projected from the rate
+	RatioToFloor     float64 `json:"ratioToFloor"`
+
+	RequestsPerStudent map[string]float64 `json:"requestsPerStudent"` // by HTTP method
+	// WritesPerStudent counts writes to Students (PUT, PATCH, DELETE); EventsPerStudent
+	// the Events posted (POST: a contender creates nothing else).
+	WritesPerStudent float64 `json:"writesPerStudent"`
+	EventsPerStudent float64 `json:"eventsPerStudent"`
+
+	PeakRSSMiB   float64 `json:"peakRSSMiB"`
+	SteadyRSSMiB float64 `json:"steadyRSSMiB"`
+
+	RestartMeasured bool    `json:"restartMeasured"`
+	RestartSeconds  float64 `json:"restartSeconds"`
+	RestartWrites   int     `json:"restartWrites"`
+
+	DeleteDone    bool    `json:"deleteDone"`
+	DeleteSeconds float64 `json:"deleteSeconds"`
+	DeleteLeft    int     `json:"deleteLeft"`
+
+	Timeline []point `json:"timeline"`
+}
+
+func (r *result) summary() string {
+	s := fmt.Sprintf("converged %v in %.1fs", r.Converged, r.ConvergeSeconds)
+	if !r.Converged {
+		s = fmt.Sprintf("cut off at %.0fs with %d/%d Ready, projected %.0fs", r.ConvergeSeconds, r.ReadyAtCutoff, r.N, r.ProjectedSeconds)
+	}
+	return fmt.Sprintf("%s; %.2f Student writes and %.2f Events per Student; steady RSS %.1f MiB; restart %.1fs, %d writes; delete %.1fs (done %v)",
+		s, r.WritesPerStudent, r.EventsPerStudent, r.SteadyRSSMiB, r.RestartSeconds, r.RestartWrites, r.DeleteSeconds, r.DeleteDone)
+}
+
+func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
+	r := &result{Name: c.name, Describe: c.describe, N: h.n}
+	ns, err := h.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	registryFile := filepath.Join(h.scratch, c.name+".db")
+	registryURL := "sqlite://" + registryFile
+
+	obs, err := h.observe(ctx, ns.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer obs.stop()
+
+	p, err := h.start(c, ns.Name, registryURL, "1")
+	if err != nil {
+		return nil, err
+	}
+	defer p.kill()
+
+	// Converge: the loader creates N Students at high concurrency.
+	start := time.Now()
+	timeline := obs.record(start)
+	if err := h.load(ctx, ns.Name); err != nil {
+		return nil, err
+	}
+	rows := func() int {
+		if !c.registry {
+			return h.n
+		}
+		return countRows(registryFile, ns.Name)
+	}
+	r.Converged = waitUntil(h.phase-time.Since(start), func() bool { return obs.ready.Load() == int64(h.n) && rows() == h.n })
+	r.ConvergeSeconds = time.Since(start).Seconds()
+	r.ReadyAtCutoff = int(obs.ready.Load())
+	r.ProjectedSeconds = r.ConvergeSeconds
+	if !r.Converged && r.ReadyAtCutoff > 0 {
+		r.ProjectedSeconds = r.ConvergeSeconds * float64(h.n) / float64(r.ReadyAtCutoff)
+	}
+	time.Sleep(3 * time.Second) // settle: status writes in flight land, memory steadies
+	r.Timeline = timeline()
+
+	counts, err := scrapeRequests(p.metricsAddr)
+	if err != nil {
+		return nil, err
+	}
+	r.RequestsPerStudent = map[string]float64{}
+	for method, v := range counts {
+		r.RequestsPerStudent[method] = float64(v) / float64(h.n)
+		switch method {
+		case "PUT", "PATCH", "DELETE":
+			r.WritesPerStudent += float64(v) / float64(h.n)
+		case "POST":
+			r.EventsPerStudent += float64(v) / float64(h.n)
+		}
+	}
+	r.PeakRSSMiB, r.SteadyRSSMiB = rss(p.cmd.Process.Pid)
+
+	// Restart over N synced Students: time until it has synced them all, and its writes.
+	if r.Converged && c.reconciles != "" {
+		p.stop()
+		restarted := time.Now()
+		p, err = h.start(c, ns.Name, registryURL, "2")
+		if err != nil {
+			return nil, err
+		}
+		defer p.kill()
+		r.RestartMeasured = waitUntil(h.phase, func() bool { return scrapeSum(p.metricsAddr, c.reconciles) >= float64(h.n) })
+		r.RestartSeconds = time.Since(restarted).Seconds()
+		time.Sleep(3 * time.Second)
+		counts, err := scrapeRequests(p.metricsAddr)
+		if err != nil {
+			return nil, err
+		}
+		for method, v := range counts {
+			if method != "GET" {
+				r.RestartWrites += v
+			}
+		}
+	}
+
+	// Delete all N: until every Student is gone and the registry is empty.
+	deleteStart := time.Now()
+	if err := h.students.BolingcavalryV1().Students(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		return nil, err
+	}
+	r.DeleteDone = waitUntil(h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || countRows(registryFile, ns.Name) == 0) })
+	r.DeleteSeconds = time.Since(deleteStart).Seconds()
+	r.DeleteLeft = int(obs.count.Load())
+	p.stop()
+	return r, nil
+}
+
+// load creates N Students from 32 goroutines.
+func (h *harness) load(ctx context.Context, ns string) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(h.n) {
+					return
+				}
+				_, err := h.students.BolingcavalryV1().Students(ns).Create(ctx, &studentv1.Student{
+					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("s-%05d", i)},
+					Spec:       studentv1.StudentSpec{Name: fmt.Sprintf("学生 %d", i), School: "深圳中学"},
+				}, metav1.CreateOptions{})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// observer follows the namespace's Students through a watch and counts the Ready ones.
+type observer struct {
+	ready, count atomic.Int64
+	stop         func()
+}
+
+func (h *harness) observe(ctx context.Context, ns string) (*observer, error) {
+	o := &observer{}
+	factory := externalversions.NewSharedInformerFactoryWithOptions(h.students, 0, externalversions.WithNamespace(ns))
+	informer := factory.Bolingcavalry().V1().Students().Informer()
+	var mu sync.Mutex
+	state := map[string]bool{}
+	set := func(obj any, gone bool) {
+		s, ok := obj.(*studentv1.Student)
+		if !ok {
+			if t, isTomb := obj.(cache.DeletedFinalStateUnknown); isTomb {
+				s, ok = t.Obj.(*studentv1.Student)
+			}
+			if !ok {
+				return
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		was, existed := state[s.Name]
+		if gone {
+			delete(state, s.Name)
+			o.count.Add(-1)
+			if was {
+				o.ready.Add(-1)
+			}
+			return
+		}
+		ready := meta.IsStatusConditionTrue(s.Status.Conditions, studentv1.ConditionReady)
+		state[s.Name] = ready
+		if !existed {
+			o.count.Add(1)
+		}
+		if ready && !was {
+			o.ready.Add(1)
+		} else if !ready && was {
+			o.ready.Add(-1)
+		}
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { set(obj, false) },
+		UpdateFunc: func(_, obj any) { set(obj, false) },
+		DeleteFunc: func(obj any) { set(obj, true) },
+	}); err != nil {
+		return nil, err
+	}
+	stopCh := make(chan struct{})
+	factory.Start(stopCh)
+	factory.WaitForCacheSync(stopCh)
+	o.stop = func() { close(stopCh); factory.Shutdown() }
+	return o, nil
+}
+
+// record samples the Ready count every 250 ms until the returned function is called.
+func (o *observer) record(start time.Time) func() []point {
+	var mu sync.Mutex
+	var points []point
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			mu.Lock()
+			points = append(points, point{Seconds: time.Since(start).Seconds(), Ready: int(o.ready.Load())})
+			mu.Unlock()
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() []point {
+		close(done)
+		mu.Lock()
+		defer mu.Unlock()
+		return points
+	}
+}
+
+// process is a running contender.
+type process struct {
+	cmd                    *exec.Cmd
+	metricsAddr, probeAddr string
+	done                   chan struct{}
+}
+
+func (h *harness) start(c contender, ns, registryURL, run string) (*process, error) {
+	p := &process{metricsAddr: freeAddr(), probeAddr: freeAddr(), done: make(chan struct{})}
+	p.cmd = exec.Command(c.bin, c.args(h, ns, registryURL, p.metricsAddr, p.probeAddr)...)
+	log, err := os.Create(filepath.Join(h.scratch, c.name+"-"+run+".log"))
+	if err != nil {
+		return nil, err
+	}
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		log.Close()
+		close(p.done)
+	}()
+	up := waitUntil(time.Minute, func() bool {
+		resp, err := http.Get("http://" + p.metricsAddr + "/metrics")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	if !up {
+		p.kill()
+		return nil, fmt.Errorf("%s did not come up; see %s", c.name, log.Name())
+	}
+	return p, nil
+}
+
+func (p *process) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		p.kill()
+	}
+}
+
+func (p *process) kill() {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func waitUntil(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func countRows(file, ns string) int {
+	db, err := sql.Open("sqlite", "file:"+file+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		return -1
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM students WHERE namespace = ? AND owner IS NOT NULL`, ns).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+// scrapeRequests sums client-go's rest_client_requests_total by HTTP method.
+func scrapeRequests(addr string) (map[string]int, error) {
+	body, err := scrape(addr)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, "rest_client_requests_total{") {
+			continue
+		}
+		method := between(line, `method="`, `"`)
+		v, _ := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64)
+		out[method] += int(v)
+	}
+	return out, nil
+}
+
+// scrapeSum sums every series of one metric.
+func scrapeSum(addr, name string) float64 {
+	body, err := scrape(addr)
+	if err != nil {
+		return 0
+	}
+	sum := 0.0
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			v, _ := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+func scrape(addr string) (string, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func between(s, from, to string) string {
+	_, after, ok := strings.Cut(s, from)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(after, to)
+	return v
+}
+
+// rss reads a process's peak and current resident memory, in MiB.
+func rss(pid int) (peak, now float64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(fields[1], 64)
+		switch fields[0] {
+		case "VmHWM:":
+			peak = kb / 1024
+		case "VmRSS:":
+			now = kb / 1024
+		}
+	}
+	return peak, now
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}

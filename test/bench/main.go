@@ -1,0 +1,88 @@
+// Command bench measures student-controller against the alternatives a user would
+// pick, on the real local control plane, and writes bench/results: a Markdown table,
+// JSON, and a chart of Ready Students over time. `make bench` runs it; BENCH_N sets N.
+//
+// Every contender gets the same loader, the same control plane, the same N, a fresh
+// namespace and an empty registry, one after another in one invocation.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+)
+
+func main() {
+	n := flag.Int("n", 500, "Students per contender")
+	out := flag.String("out", "bench/results", "folder for the results")
+	scratch := flag.String("scratch", "bench/scratch", "folder for binaries, registries and logs (not committed)")
+	phase := flag.Duration("phase-timeout", 0, "longest a phase (converge, restart, delete) may take before it is cut off and projected; default scales with N")
+	flag.Parse()
+	if *phase == 0 {
+		*phase = max(30*time.Second, time.Duration(*n)*36*time.Millisecond)
+	}
+	if err := run(*n, *out, *scratch, *phase); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(n int, outDir, scratch string, phase time.Duration) error {
+	ctx := context.Background()
+	root, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	scratch, _ = filepath.Abs(scratch)
+	if err := os.RemoveAll(scratch); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(scratch, 0o755); err != nil {
+		return err
+	}
+	bins, err := build(ctx, root, scratch)
+	if err != nil {
+		return err
+	}
+
+	say("starting the control plane (bin/k8s)")
+	env, err := controlplane.Start(controlplane.Options{Root: root})
+	if err != nil {
+		return err
+	}
+	defer env.Stop()
+
+	// The loader and the observer are not rate limited: they must never be the
+	// bottleneck being measured.
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = -1, 0
+	h := &harness{
+		n: n, phase: phase, scratch: scratch, kubeconfig: env.Kubeconfig,
+		kube:     kubernetes.NewForConfigOrDie(cfg),
+		students: versioned.NewForConfigOrDie(cfg),
+	}
+	var results []*result
+	for _, c := range contenders(bins) {
+		say("contender %s: %s", c.name, c.describe)
+		r, err := h.measure(ctx, c)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		results = append(results, r)
+		say("contender %s: %s", c.name, r.summary())
+	}
+	return writeResults(outDir, n, phase, results)
+}
+
+func say(format string, args ...any) {
+	fmt.Printf("%s bench: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"image"
+	"image/color"
+	"image/draw"
+	"image/png"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"golang.org/x/image/font"
+	"golang.org/x/image/font/basicfont"
+	"golang.org/x/image/math/fixed"
+)
+
+type report struct {
+	Date         string    `json:"date"`
+	Machine      string    `json:"machine"`
+	N            int       `json:"n"`
+	PhaseTimeout string    `json:"phaseTimeout"`
+	Results      []*result `json:"results"`
+}
+
+func writeResults(dir string, n int, phase time.Duration, results []*result) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var floor *result
+	for _, r := range results {
+		if r.Name == "floor" {
+			floor = r
+		}
+	}
+	for _, r := range results {
+		if floor != nil && floor.ProjectedSeconds > 0 {
+			r.RatioToFloor = r.ProjectedSeconds / floor.ProjectedSeconds
+		}
+	}
+	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), N: n, PhaseTimeout: phase.String(), Results: results}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	base := fmt.Sprintf("n%d", n)
+	if err := os.WriteFile(filepath.Join(dir, base+".json"), js, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, base+".md"), []byte(markdown(rep)), 0o644); err != nil {
+		return err
+	}
+	if err := chart(filepath.Join(dir, base+".png"), rep); err != nil {
+		return err
+	}
+	say("results in %s/%s.{md,json,png}", dir, base)
+	return nil
+}
+
+func markdown(rep report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Benchmark: N = %d Students\n\n", rep.N)
+	fmt.Fprintf(&b, "Run %s on %s. Each contender in turn: a fresh namespace, an empty registry, the same loader "+
+		"(32 goroutines, no client rate limit) and the same control plane. A phase that runs past %s is cut off; "+
+		"its converge time is then projected from the rate reached (marked *projected*).\n\n", rep.Date, rep.Machine, rep.PhaseTimeout)
+	b.WriteString("| contender | converge (all Ready, rows present) | × floor | API requests / Student | Student writes / Student | Events / Student | peak RSS | steady RSS | restart: time, writes | delete all |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rep.Results {
+		conv := fmt.Sprintf("%.1f s", r.ConvergeSeconds)
+		if !r.Converged {
+			conv = fmt.Sprintf("%.0f s *projected* (%d/%d Ready at %.0f s)", r.ProjectedSeconds, r.ReadyAtCutoff, r.N, r.ConvergeSeconds)
+		}
+		restart := "–"
+		if r.RestartMeasured {
+			restart = fmt.Sprintf("%.1f s, %d", r.RestartSeconds, r.RestartWrites)
+		} else if r.Converged && r.Name != "floor" {
+			restart = fmt.Sprintf("not done in %.0f s", r.RestartSeconds)
+		}
+		del := fmt.Sprintf("%.1f s", r.DeleteSeconds)
+		if !r.DeleteDone {
+			del = fmt.Sprintf("cut off at %.0f s, %d left", r.DeleteSeconds, r.DeleteLeft)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.2f | %s | %.2f | %.2f | %.1f MiB | %.1f MiB | %s | %s |\n",
+			r.Name, conv, r.RatioToFloor, methods(r.RequestsPerStudent), r.WritesPerStudent, r.EventsPerStudent, r.PeakRSSMiB, r.SteadyRSSMiB, restart, del)
+	}
+	b.WriteString("\nContenders:\n\n")
+	for _, r := range rep.Results {
+		fmt.Fprintf(&b, "- **%s**: %s\n", r.Name, r.Describe)
+	}
+	b.WriteString("\nAPI requests are the contender's own (client-go's `rest_client_requests_total`), Events included; " +
+		"GET counts the initial list and watches. Memory is the contender process's resident set (`VmHWM`, `VmRSS`) " +
+		"with N Students cached, 3 s after converging.\n")
+	b.WriteString("\n![Ready Students over time](" + fmt.Sprintf("n%d.png", rep.N) + ")\n")
+	return b.String()
+}
+
+func methods(m map[string]float64) string {
+	var parts []string
+	for _, k := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
+		if v, ok := m[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f", k, v))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func machine() string {
+	model := "unknown CPU"
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int
+		fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb)
+		mem = fmt.Sprintf(", %.0f GiB", float64(kb)/1024/1024)
+	}
+	return fmt.Sprintf("%d × %s%s, %s, kube-apiserver v1.37.2 and etcd 3.7.0 from bin/k8s", runtime.NumCPU(), model, mem, runtime.Version())
+}
+
+// chart draws Ready Students over time, one line per contender.
+func chart(path string, rep report) error {
+	const w, h, left, right, top, bottom = 960, 540, 70, 20, 40, 60
+	img := image.NewRGBA(image.Rect(0, 0, w, h))
+	draw.Draw(img, img.Bounds(), image.NewUniform(color.White), image.Point{}, draw.Src)
+	colors := []color.RGBA{{31, 119, 180, 255}, {214, 39, 40, 255}, {44, 160, 44, 255}, {127, 127, 127, 255}}
+
+	maxT := 1.0
+	for _, r := range rep.Results {
+		if n := len(r.Timeline); n > 0 {
+			maxT = max(maxT, r.Timeline[n-1].Seconds)
+		}
+	}
+	x := func(s float64) int { return left + int(s/maxT*float64(w-left-right)) }
+	y := func(ready int) int { return h - bottom - int(float64(ready)/float64(rep.N)*float64(h-top-bottom)) }
+	grey := color.RGBA{200, 200, 200, 255}
+	black := color.RGBA{0, 0, 0, 255}
+	for i := 0; i <= 4; i++ {
+		line(img, left, y(rep.N*i/4), w-right, y(rep.N*i/4), grey)
+		text(img, 5, y(rep.N*i/4)+4, fmt.Sprint(rep.N*i/4), black)
+	}
+	for i := 0; i <= 5; i++ {
+		t := maxT * float64(i) / 5
+		line(img, x(t), top, x(t), h-bottom, grey)
+		text(img, x(t)-10, h-bottom+18, fmt.Sprintf("%.0fs", t), black)
+	}
+	line(img, left, h-bottom, w-right, h-bottom, black)
+	line(img, left, top, left, h-bottom, black)
+	text(img, left, 22, fmt.Sprintf("Ready Students over time, N = %d (seconds since the loader started)", rep.N), black)
+	for i, r := range rep.Results {
+		c := colors[i%len(colors)]
+		for j := 1; j < len(r.Timeline); j++ {
+			a, b := r.Timeline[j-1], r.Timeline[j]
+			line(img, x(a.Seconds), y(a.Ready), x(b.Seconds), y(b.Ready), c)
+			line(img, x(a.Seconds), y(a.Ready)+1, x(b.Seconds), y(b.Ready)+1, c)
+		}
+		lx, ly := left+10+i*220, h-20
+		line(img, lx, ly-4, lx+20, ly-4, c)
+		line(img, lx, ly-3, lx+20, ly-3, c)
+		text(img, lx+26, ly, r.Name, black)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return png.Encode(f, img)
+}
+
+func line(img *image.RGBA, x0, y0, x1, y1 int, c color.Color) {
+	dx, dy := abs(x1-x0), -abs(y1-y0)
+	sx, sy := sign(x1-x0), sign(y1-y0)
+	e := dx + dy
+	for {
+		img.Set(x0, y0, c)
+		if x0 == x1 && y0 == y1 {
+			return
+		}
+		e2 := 2 * e
+		if e2 >= dy {
+			e += dy
+			x0 += sx
+		}
+		if e2 <= dx {
+			e += dx
+			y0 += sy
+		}
+	}
+}
+
+func abs(v int) int  { return max(v, -v) }
+func sign(v int) int { return map[bool]int{true: 1, false: -1}[v >= 0] }
+
+func text(img *image.RGBA, x, y int, s string, c color.Color) {
+	d := font.Drawer{Dst: img, Src: image.NewUniform(c), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
+	d.DrawString(s)
+}
