@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -119,10 +120,11 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		return countRows(registryFile, ns.Name)
 	}
 	r.Converged = waitUntil(h.phase-time.Since(start), func() bool { return obs.ready.Load() == int64(h.n) && rows() == h.n })
+	say("  %s: converged %v after %.1fs, %d Ready", c.name, r.Converged, time.Since(start).Seconds(), obs.ready.Load())
 	r.ConvergeSeconds = time.Since(start).Seconds()
 	r.ReadyAtCutoff = int(obs.ready.Load())
 	r.ProjectedSeconds = r.ConvergeSeconds
-	if !r.Converged && r.ReadyAtCutoff > 0 {
+	if !r.Converged && r.ReadyAtCutoff > 0 && r.ReadyAtCutoff < h.n {
 		r.ProjectedSeconds = r.ConvergeSeconds * float64(h.n) / float64(r.ReadyAtCutoff)
 	}
 	time.Sleep(3 * time.Second) // settle: status writes in flight land, memory steadies
@@ -169,7 +171,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 
 	// Delete all N: until every Student is gone and the registry is empty.
 	deleteStart := time.Now()
-	if err := h.students.BolingcavalryV1().Students(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+	if err := h.deleteAll(ctx, ns.Name); err != nil {
 		return nil, err
 	}
 	r.DeleteDone = waitUntil(h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || countRows(registryFile, ns.Name) == 0) })
@@ -196,6 +198,33 @@ func (h *harness) load(ctx context.Context, ns string) error {
 					Spec:       studentv1.StudentSpec{Name: fmt.Sprintf("学生 %d", i), School: "深圳中学"},
 				}, metav1.CreateOptions{})
 				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// deleteAll deletes every Student of the namespace, one request each from 32
+// goroutines, as `kubectl delete stu --all` does one by one (a single DeleteCollection
+// of thousands of finalized objects outlasts the server's request timeout).
+func (h *harness) deleteAll(ctx context.Context, ns string) error {
+	students := h.students.BolingcavalryV1().Students(ns)
+	names := make(chan string, h.n)
+	for i := range h.n {
+		names <- fmt.Sprintf("s-%05d", i)
+	}
+	close(names)
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			for name := range names {
+				if err := students.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 					errs <- err
 					return
 				}
