@@ -26,7 +26,15 @@ func main() {
 	out := flag.String("out", "bench/results", "folder for the results")
 	scratch := flag.String("scratch", "bench/scratch", "folder for binaries, registries and logs (not committed)")
 	phase := flag.Duration("phase-timeout", 0, "longest a phase (converge, restart, delete) may take before it is cut off and projected; default scales with N")
+	renderOnly := flag.String("render", "", "only rewrite the Markdown and chart of this results JSON")
 	flag.Parse()
+	if *renderOnly != "" {
+		if err := rerender(*renderOnly); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *phase == 0 {
 		*phase = max(30*time.Second, time.Duration(*n)*36*time.Millisecond)
 	}
