@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -26,10 +27,10 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/metricsauth"
 	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
@@ -242,7 +243,14 @@ func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interfa
 func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *rest.Config) error {
 	mo := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure}
 	if opts.metricsSecure {
-		mo.FilterProvider = filters.WithAuthenticationAndAuthorization
+		mo.FilterProvider = func(c *rest.Config, hc *http.Client) (metricsserver.Filter, error) {
+			client, err := kubernetes.NewForConfigAndClient(c, hc)
+			if err != nil {
+				return nil, err
+			}
+			filter := metricsauth.New(client)
+			return func(_ logr.Logger, h http.Handler) (http.Handler, error) { return filter.Wrap(h), nil }, nil
+		}
 	}
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {

@@ -1,0 +1,99 @@
+package metricsauth
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// apiServer answers TokenReviews (the token "reader" is user reader, "stranger" user
+// stranger, anything else unknown) and SubjectAccessReviews (only reader may get
+// /metrics), and counts them.
+func apiServer() (*fake.Clientset, *int) {
+	client := fake.NewClientset()
+	calls := 0
+	client.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		calls++
+		tr := a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview)
+		switch tr.Spec.Token {
+		case "reader", "stranger":
+			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: authenticationv1.UserInfo{Username: tr.Spec.Token}}
+		}
+		return true, tr, nil
+	})
+	client.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		calls++
+		sar := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SubjectAccessReview)
+		attrs := sar.Spec.NonResourceAttributes
+		sar.Status.Allowed = sar.Spec.User == "reader" && attrs != nil && attrs.Path == "/metrics" && attrs.Verb == "get"
+		return true, sar, nil
+	})
+	return client, &calls
+}
+
+func TestFilter(t *testing.T) {
+	tests := map[string]struct {
+		header string
+		path   string
+		want   int
+	}{
+		"no token":            {want: http.StatusUnauthorized},
+		"not a bearer token":  {header: "Basic abc", want: http.StatusUnauthorized},
+		"unknown token":       {header: "Bearer forged", want: http.StatusUnauthorized},
+		"not allowed":         {header: "Bearer stranger", want: http.StatusForbidden},
+		"allowed":             {header: "Bearer reader", want: http.StatusOK},
+		"allowed, other path": {header: "Bearer reader", path: "/debug", want: http.StatusForbidden},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			client, _ := apiServer()
+			h := New(client).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+			path := tc.path
+			if path == "" {
+				path = "/metrics"
+			}
+			req := httptest.NewRequest(http.MethodGet, path, nil)
+			if tc.header != "" {
+				req.Header.Set("Authorization", tc.header)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != tc.want {
+				t.Errorf("status %d, want %d", rec.Code, tc.want)
+			}
+		})
+	}
+}
+
+// TestFilterCaches: repeated scrapes do not each cost the API server two requests, and
+// a decision is asked again once it expires.
+func TestFilterCaches(t *testing.T) {
+	client, calls := apiServer()
+	f := New(client)
+	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	f.now = func() time.Time { return now }
+	h := f.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	scrape := func() {
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		req.Header.Set("Authorization", "Bearer reader")
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	for range 5 {
+		scrape()
+	}
+	if *calls != 2 {
+		t.Errorf("5 scrapes cost %d API requests, want 2", *calls)
+	}
+	now = now.Add(allowTTL + time.Second)
+	scrape()
+	if *calls != 4 {
+		t.Errorf("after the cache expired: %d API requests, want 4", *calls)
+	}
+}
