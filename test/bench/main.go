@@ -27,6 +27,7 @@ func main() {
 	scratch := flag.String("scratch", "bench/scratch", "folder for binaries, registries and logs (not committed)")
 	phase := flag.Duration("phase-timeout", 0, "longest a phase (converge, restart, delete) may take before it is cut off and projected; default scales with N")
 	renderOnly := flag.String("render", "", "only rewrite the Markdown and chart of this results JSON")
+	only := flag.String("only", "", "run only this contender, for investigation (results are not written)")
 	flag.Parse()
 	if *renderOnly != "" {
 		if err := rerender(*renderOnly); err != nil {
@@ -38,13 +39,13 @@ func main() {
 	if *phase == 0 {
 		*phase = max(30*time.Second, time.Duration(*n)*36*time.Millisecond)
 	}
-	if err := run(*n, *out, *scratch, *phase); err != nil {
+	if err := run(*n, *out, *scratch, *phase, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n int, outDir, scratch string, phase time.Duration) error {
+func run(n int, outDir, scratch string, phase time.Duration, only string) error {
 	ctx := context.Background()
 	root, err := os.Getwd()
 	if err != nil {
@@ -80,6 +81,9 @@ func run(n int, outDir, scratch string, phase time.Duration) error {
 	}
 	var results []*result
 	for _, c := range contenders(bins) {
+		if only != "" && c.name != only {
+			continue
+		}
 		say("contender %s: %s", c.name, c.describe)
 		r, err := h.measure(ctx, c)
 		if err != nil {
@@ -87,6 +91,9 @@ func run(n int, outDir, scratch string, phase time.Duration) error {
 		}
 		results = append(results, r)
 		say("contender %s: %s", c.name, r.summary())
+	}
+	if only != "" {
+		return nil // a partial run is not a result
 	}
 	return writeResults(outDir, n, phase, results)
 }
