@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -39,5 +38,3 @@ func probeHandler(synced func() bool, pingRegistry func(context.Context) error, 
 	})
 	return mux
 }
-
-func listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }

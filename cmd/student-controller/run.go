@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -271,7 +272,7 @@ func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *re
 // listenAndServe binds srv's address now, so that a taken port fails the start, and
 // serves until ctx is done.
 func listenAndServe(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, what string) error {
-	ln, err := listen(srv.Addr)
+	ln, err := net.Listen("tcp", srv.Addr)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}

@@ -74,7 +74,7 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		s = updated
 	}
 
-	want := c.record(s)
+	want := recordOf(c.cfg.Owner, s)
 	row, err := c.registry.Get(ctx, want.UID)
 	exists := err == nil
 	switch {
@@ -175,9 +175,7 @@ func (c *Controller) ownedElsewhere(ctx context.Context, s *studentv1.Student, c
 	return terminal(cause)
 }
 
-// record is the registry row that a Student should have.
-func (c *Controller) record(s *studentv1.Student) registry.Record { return recordOf(c.cfg.Owner, s) }
-
+// recordOf is the registry row that a Student should have, written by owner.
 func recordOf(owner string, s *studentv1.Student) registry.Record {
 	return registry.Record{
 		UID:         string(s.UID),

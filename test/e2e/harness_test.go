@@ -119,15 +119,6 @@ func (c *requestCounter) writes() map[string]int {
 	return out
 }
 
-// total is the number of write requests counted so far.
-func (c *requestCounter) total() int {
-	n := 0
-	for _, v := range c.writes() {
-		n += v
-	}
-	return n
-}
-
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
