@@ -33,7 +33,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 
 .PHONY: build
 build: ## Build the controller (bin/student-controller) and the local launcher (bin/student-dev).
-	go build -ldflags "-X main.version=$(VERSION)" -o bin/student-controller ./cmd/student-controller
+	CGO_ENABLED=0 go build -ldflags "-X main.version=$(VERSION)" -o bin/student-controller ./cmd/student-controller
 	go build -o bin/student-dev ./cmd/student-dev
 
 STATE_DIR ?= .local

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the PostgreSQL driver for postgres: registry URLs
@@ -16,7 +17,19 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
+// defaultGOGC is the garbage collector's target when the environment sets no GOGC.
+// Most of the controller's heap is its cache of Students, which lives as long as they
+// do. Go's default, 100, lets the heap grow to twice what is live before it collects;
+// 50 lets it grow by half, which takes about a sixth off the resident memory with
+// 10000 Students cached, for a GC that runs twice as often over a heap that is mostly
+// the cache (see bench/results). GOGC in the environment overrides it; GOMEMLIMIT, set
+// from the container's memory limit in config/manager, applies either way.
+const defaultGOGC = 50
+
 func main() {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(defaultGOGC)
+	}
 	klog.InitFlags(nil)
 	var opts options
 	opts.addFlags(flag.CommandLine)

@@ -40,6 +40,7 @@ type options struct {
 	metricsAddr   string
 	metricsSecure bool
 	probeAddr     string
+	pprofAddr     string
 }
 
 func (o *options) addFlags(fs *flag.FlagSet) {
@@ -87,6 +88,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", false,
 		"Serve /metrics over HTTPS and allow only callers that the API server authenticates (TokenReview) and authorizes (SubjectAccessReview, get on the /metrics URL).")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 turns them off.")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0",
+		"Address of Go's /debug/pprof/ profiling endpoints, e.g. 127.0.0.1:6060; 0 (the default) turns them off. They are not authenticated: bind them to localhost.")
 }
 
 // registryPassword is the password from --registry-password-file or REGISTRY_PASSWORD,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"k8s.io/client-go/tools/leaderelection"
@@ -36,5 +37,16 @@ func probeHandler(synced func() bool, pingRegistry func(context.Context) error, 
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	return mux
+}
+
+// pprofHandler serves Go's profiles under /debug/pprof/, for --pprof-bind-address.
+func pprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return mux
 }

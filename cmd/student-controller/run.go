@@ -12,13 +12,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -34,8 +33,6 @@ import (
 	"github.com/student-controller/student-controller/internal/metricsauth"
 	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
-	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
-	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
 )
 
 // run builds every dependency, serves probes and metrics, and runs the controller
@@ -76,24 +73,15 @@ func run(ctx context.Context, opts options) error {
 	logger.Info("Registry open", "registry", reg.String(), "owner", opts.owner)
 
 	// controller-runtime's registry already carries client-go's REST client and leader
-	// election metrics; the workqueue's and the controller's join it.
+	// election metrics; the process's, the Go runtime's, the workqueue's and the
+	// controller's join it.
+	crmetrics.Registry.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	workqueue.SetProvider(controller.NewWorkqueueMetricsProvider(crmetrics.Registry))
 	metrics := controller.NewMetrics(crmetrics.Registry)
 
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(studentscheme.AddToScheme(scheme))
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartStructuredLogging(4)
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kubeClient.CoreV1().Events("")})
+	broadcaster, recorder := controller.NewEventRecorder(ctx, kubeClient.CoreV1())
 	defer broadcaster.Shutdown()
-	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: controller.Name})
-
-	// The cache drops managedFields: the controller never reads them, and with many
-	// Students they are a large part of each object.
-	factory := externalversions.NewSharedInformerFactoryWithOptions(studentClient, opts.resyncPeriod,
-		externalversions.WithNamespace(opts.namespace),
-		externalversions.WithTransform(controller.StripManagedFields))
+	factory := controller.NewInformerFactory(studentClient, opts.namespace, opts.resyncPeriod)
 	rateLimiter := controller.DefaultRateLimiter()
 	if opts.rateLimiter == "client-go" {
 		rateLimiter = workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName]()
@@ -123,6 +111,12 @@ func run(ctx context.Context, opts options) error {
 	if opts.probeAddr != "0" {
 		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(ctrl.HasSynced, reg.Ping, watchdog), ReadHeaderTimeout: 5 * time.Second}
 		if err := listenAndServe(serveCtx, &servers, probes, "probes"); err != nil {
+			return err
+		}
+	}
+	if opts.pprofAddr != "0" {
+		profiling := &http.Server{Addr: opts.pprofAddr, Handler: pprofHandler(), ReadHeaderTimeout: 5 * time.Second}
+		if err := listenAndServe(serveCtx, &servers, profiling, "pprof"); err != nil {
 			return err
 		}
 	}
@@ -242,7 +236,11 @@ func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interfa
 // serveMetrics serves the Prometheus registry: plain HTTP, or with --metrics-secure
 // HTTPS where the API server authenticates and authorizes each caller.
 func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *rest.Config) error {
-	mo := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure}
+	mo := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure,
+		// Uncompressed: a scrape is some tens of KiB, and gzip would keep a compressor of
+		// about 1.5 MiB in memory from one scrape to the next.
+		HandlerOpts: []func(*promhttp.HandlerOpts){func(o *promhttp.HandlerOpts) { o.DisableCompression = true }},
+	}
 	if opts.metricsSecure {
 		mo.FilterProvider = func(c *rest.Config, hc *http.Client) (metricsserver.Filter, error) {
 			client, err := kubernetes.NewForConfigAndClient(c, hc)

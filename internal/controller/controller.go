@@ -272,13 +272,3 @@ func (e *terminalError) Error() string { return e.err.Error() }
 func (e *terminalError) Unwrap() error { return e.err }
 
 func terminal(err error) error { return &terminalError{err: err} }
-
-// StripManagedFields is an informer transform that drops metadata.managedFields before
-// an object enters the cache: the controller never reads them, and with many Students
-// they are a large part of each object's memory.
-func StripManagedFields(obj any) (any, error) {
-	if s, ok := obj.(*studentv1.Student); ok {
-		s.ManagedFields = nil
-	}
-	return obj, nil
-}

@@ -52,7 +52,7 @@ func newFixture(t *testing.T, students ...*studentv1.Student) *fixture {
 	// NewClientset tracks managed fields, which it cannot do for CRDs
 	// (kubernetes/kubernetes#126850); the controller does not use server-side apply.
 	f.client = fake.NewSimpleClientset()
-	f.factory = externalversions.NewSharedInformerFactory(f.client, 0)
+	f.factory = NewInformerFactory(f.client, "", 0)
 	f.ctrl, err = New(ctx, f.client, f.factory.Bolingcavalry().V1().Students(), f.registry, f.recorder,
 		Config{Owner: owner, SweepMaxDeletions: 2, Clock: f.clock})
 	if err != nil {

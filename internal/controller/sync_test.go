@@ -351,15 +351,3 @@ func TestProcessNextWorkItem(t *testing.T) {
 		})
 	}
 }
-
-func TestStripManagedFields(t *testing.T) {
-	s := newStudent("a")
-	s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
-	out, err := StripManagedFields(s)
-	if err != nil || out.(*studentv1.Student).ManagedFields != nil {
-		t.Errorf("StripManagedFields left %v (%v)", out.(*studentv1.Student).ManagedFields, err)
-	}
-	if out.(*studentv1.Student).Spec.Name != "张三" {
-		t.Error("StripManagedFields changed more than managedFields")
-	}
-}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -65,6 +66,9 @@ type result struct {
 
 	PeakRSSMiB   float64 `json:"peakRSSMiB"`
 	SteadyRSSMiB float64 `json:"steadyRSSMiB"`
+	// ConvergeCPUSeconds is the CPU time the process used from its start until it had
+	// converged (and settled).
+	ConvergeCPUSeconds float64 `json:"convergeCPUSeconds"`
 
 	RestartMeasured bool    `json:"restartMeasured"`
 	RestartSeconds  float64 `json:"restartSeconds"`
@@ -145,6 +149,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		}
 	}
 	r.PeakRSSMiB, r.SteadyRSSMiB = rss(p.cmd.Process.Pid)
+	r.ConvergeCPUSeconds = cpuSeconds(p.cmd.Process.Pid)
 
 	// Restart over N synced Students: time until it has synced them all, and its writes.
 	if r.Converged && c.reconciles != "" {
@@ -478,6 +483,26 @@ func rss(pid int) (peak, now float64) {
 	}
 	return peak, now
 }
+
+// cpuSeconds reads the user and system CPU time a process has used so far.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name, which is in parentheses and may hold spaces:
+	// state is the first, utime the 12th and stime the 13th, in clock ticks.
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(fields) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseFloat(fields[11], 64)
+	stime, _ := strconv.ParseFloat(fields[12], 64)
+	return (utime + stime) / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux.
+const clockTicks = 100
 
 func freeAddr() string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -16,14 +16,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	_ "modernc.org/sqlite"
 
@@ -33,8 +28,6 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
-	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
-	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
 )
 
 const owner = "e2e-controller"
@@ -195,14 +188,8 @@ func startController(t *testing.T, opts controllerOptions) *running {
 	}
 	counting := &countingRegistry{Registry: reg}
 
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(studentscheme.AddToScheme(scheme))
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kubeClient.CoreV1().Events("")})
-	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: controller.Name})
-
-	factory := externalversions.NewSharedInformerFactoryWithOptions(studentClient, opts.resync, externalversions.WithNamespace(opts.namespace))
+	broadcaster, recorder := controller.NewEventRecorder(ctx, kubeClient.CoreV1())
+	factory := controller.NewInformerFactory(studentClient, opts.namespace, opts.resync)
 	ctrl, err := controller.New(ctx, studentClient, factory.Bolingcavalry().V1().Students(), counting, recorder, controller.Config{
 		Owner: owner, SweepInterval: opts.sweepInterval, SweepMaxDeletions: 10,
 	})

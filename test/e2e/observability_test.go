@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,8 +28,9 @@ func TestReadinessAndMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pprofAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	p := startProcess(t, "controller", "--kubeconfig", late.kubeconfig, "--namespace", ns,
-		"--registry", "sqlite://"+path, "--registry-owner", owner)
+		"--registry", "sqlite://"+path, "--registry-owner", owner, "--pprof-bind-address", pprofAddr)
 
 	// Without RBAC the cache cannot sync: alive, not ready.
 	waitFor(t, 30*time.Second, "the probe server", func() bool {
@@ -73,10 +77,23 @@ func TestReadinessAndMetrics(t *testing.T) {
 		`workqueue_adds_total{name="student-controller"}`,
 		`workqueue_work_duration_seconds_count{name="student-controller"}`,
 		`rest_client_requests_total{`,
+		`process_resident_memory_bytes `,
+		`go_goroutines `,
+		// The collector target main sets when the environment gives none.
+		fmt.Sprintf("go_gc_gogc_percent %s\n", cmp.Or(os.Getenv("GOGC"), "50")),
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+
+	// Profiles only where --pprof-bind-address says, not beside the probes.
+	code, body, err := get("http://" + pprofAddr + "/debug/pprof/heap?debug=1")
+	if err != nil || code != http.StatusOK || !strings.Contains(body, "heap profile") {
+		t.Errorf("pprof heap profile: %d %.80q %v", code, body, err)
+	}
+	if code, _, _ := get("http://" + p.probeAddr + "/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("the probe server answers /debug/pprof/ with %d, want 404", code)
 	}
 }
 

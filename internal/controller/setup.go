@@ -1,0 +1,63 @@
+package controller
+
+import (
+	"context"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
+	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
+	studentinformers "github.com/student-controller/student-controller/pkg/generated/informers/externalversions/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions/internalinterfaces"
+)
+
+// eventCacheSize is how many recent Events each of the event correlator's three
+// caches remembers (client-go's default is 4096). The correlator folds repeats of one
+// Event on one object; repeats come from the few objects that fail again and again,
+// and 512 remember those. At 4096 the caches hold about 5 MiB once a few thousand
+// Students have had one Event each.
+const eventCacheSize = 512
+
+// NewEventRecorder starts the broadcaster that posts the controller's Events through
+// client and logs them at -v=4, and returns it with a recorder for Students, the
+// leader election Lease and object references. Shut the broadcaster down when done.
+func NewEventRecorder(ctx context.Context, client typedcorev1.EventsGetter) (record.EventBroadcaster, record.EventRecorder) {
+	// The recorder's scheme only needs the kinds Events are posted on; client-go's
+	// scheme of every built-in kind would be a second copy of it in memory.
+	scheme := runtime.NewScheme()
+	utilruntime.Must(studentscheme.AddToScheme(scheme))
+	utilruntime.Must(coordinationv1.AddToScheme(scheme))
+	utilruntime.Must(corev1.AddToScheme(scheme))
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx),
+		record.WithCorrelatorOptions(record.CorrelatorOptions{LRUCacheSize: eventCacheSize}))
+	broadcaster.StartStructuredLogging(4)
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.Events("")})
+	return broadcaster, broadcaster.NewRecorder(scheme, corev1.EventSource{Component: Name})
+}
+
+// NewInformerFactory returns the informer factory the controller's Student informer
+// comes from: Students of namespace (all when empty), resynced every resync, trimmed
+// by TrimForCache before they enter the cache.
+//
+// The informer has no namespace index, which the generated one would add: the
+// controller looks Students up by key and lists them all, never by namespace, and the
+// index would hold a second set of every key.
+func NewInformerFactory(client versioned.Interface, namespace string, resync time.Duration) externalversions.SharedInformerFactory {
+	f := externalversions.NewSharedInformerFactoryWithOptions(client, resync,
+		externalversions.WithNamespace(namespace), externalversions.WithTransform(TrimForCache))
+	f.InformerFor(&studentv1.Student{}, func(c versioned.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return studentinformers.NewTypedStudentInformerWithOptions(c, namespace,
+			internalinterfaces.InformerOptions{ResyncPeriod: resync, InformerName: f.InformerName()})
+	})
+	return f
+}
