@@ -86,8 +86,8 @@ func (r *result) summary() string {
 	if !r.Converged {
 		s = fmt.Sprintf("cut off at %.0fs with %d/%d Ready, projected %.0fs", r.ConvergeSeconds, r.ReadyAtCutoff, r.N, r.ProjectedSeconds)
 	}
-	return fmt.Sprintf("%s; %.2f Student writes and %.2f Events per Student; steady RSS %.1f MiB; restart %.1fs, %d writes; delete %.1fs (done %v)",
-		s, r.WritesPerStudent, r.EventsPerStudent, r.SteadyRSSMiB, r.RestartSeconds, r.RestartWrites, r.DeleteSeconds, r.DeleteDone)
+	return fmt.Sprintf("%s; %.2f Student writes and %.2f Events per Student; CPU %.1fs; steady RSS %.1f MiB; restart %.1fs, %d writes; delete %.1fs (done %v)",
+		s, r.WritesPerStudent, r.EventsPerStudent, r.ConvergeCPUSeconds, r.SteadyRSSMiB, r.RestartSeconds, r.RestartWrites, r.DeleteSeconds, r.DeleteDone)
 }
 
 func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
