@@ -20,10 +20,10 @@ import (
 // defaultGOGC is the garbage collector's target when the environment sets no GOGC.
 // Most of the controller's heap is its cache of Students, which lives as long as they
 // do. Go's default, 100, lets the heap grow to twice what is live before it collects;
-// 50 lets it grow by half, which takes about a sixth off the resident memory with
-// 10000 Students cached, for a GC that runs twice as often over a heap that is mostly
-// the cache (see bench/results). GOGC in the environment overrides it; GOMEMLIMIT, set
-// from the container's memory limit in config/manager, applies either way.
+// 50 lets it grow by half. Measured with 10000 Students (test/bench, 2026-11-29):
+// resident memory 64 -> 58 MiB, CPU used while they converge 18 -> 22 s. GOGC in the
+// environment overrides it; GOMEMLIMIT, set from the container's memory limit in
+// config/manager, applies either way.
 const defaultGOGC = 50
 
 func main() {
