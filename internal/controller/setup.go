@@ -29,14 +29,14 @@ const eventCacheSize = 512
 
 // NewEventRecorder starts the broadcaster that posts the controller's Events through
 // client and logs them at -v=4, and returns it with a recorder for Students, the
-// leader election Lease and object references. Shut the broadcaster down when done.
+// leader election Lease and object references (the sweep's Pod). Shut the broadcaster
+// down when done.
 func NewEventRecorder(ctx context.Context, client typedcorev1.EventsGetter) (record.EventBroadcaster, record.EventRecorder) {
-	// The recorder's scheme only needs the kinds Events are posted on; client-go's
-	// scheme of every built-in kind would be a second copy of it in memory.
+	// The recorder's scheme only needs the kinds Events are posted on (a reference needs
+	// none); client-go's scheme of every built-in kind would be a second copy in memory.
 	scheme := runtime.NewScheme()
 	utilruntime.Must(studentscheme.AddToScheme(scheme))
 	utilruntime.Must(coordinationv1.AddToScheme(scheme))
-	utilruntime.Must(corev1.AddToScheme(scheme))
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx),
 		record.WithCorrelatorOptions(record.CorrelatorOptions{LRUCacheSize: eventCacheSize}))
