@@ -18,7 +18,6 @@ func TrimForCache(obj any) (any, error) {
 		return obj, nil
 	}
 	s.ManagedFields = nil
-	s.APIVersion, s.Kind = intern(s.APIVersion), intern(s.Kind)
 	s.Namespace = intern(s.Namespace)
 	for i := range s.Finalizers {
 		s.Finalizers[i] = intern(s.Finalizers[i])

@@ -20,7 +20,6 @@ import (
 func decoded(t *testing.T, name string) *studentv1.Student {
 	t.Helper()
 	s := newStudent(name)
-	s.APIVersion, s.Kind = studentv1.SchemeGroupVersion.String(), "Student"
 	s.Finalizers = []string{Finalizer}
 	s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate}}
 	s.Status.Conditions = []metav1.Condition{ready()}
@@ -58,7 +57,6 @@ func TestTrimForCache(t *testing.T) {
 		}
 	}
 	same("namespace", a.Namespace, b.Namespace)
-	same("kind", a.Kind, b.Kind)
 	same("finalizer", a.Finalizers[0], b.Finalizers[0])
 	same("school", a.Spec.School, b.Spec.School)
 	same("condition reason", a.Status.Conditions[0].Reason, b.Status.Conditions[0].Reason)

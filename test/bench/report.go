@@ -162,8 +162,8 @@ const memoryNote = "\nWhere student-controller's memory goes, profiled at N=1000
 	"and the workqueue's maps, a few MiB that every process holds, and the collector's headroom. What keeps it down: " +
 	"the cache drops managedFields and shares strings many Students repeat; GOGC=50 gives the collector half the " +
 	"live heap as headroom instead of all of it; client-go's event correlator keeps 512 recent Events per cache instead " +
-	"of 4096 (about 5 MiB); the Student informer has no namespace index; the recorder's scheme holds three kinds, not " +
-	"every built-in one; /metrics is served uncompressed (gzip kept a 1.5 MiB compressor between scrapes).\n"
+	"of 4096 (about 5 MiB); the Student informer has no namespace index; the recorder's scheme holds Student and Lease, " +
+	"not every built-in kind; /metrics is served uncompressed (gzip kept a 1.5 MiB compressor between scrapes).\n"
 
 func methods(m map[string]float64) string {
 	var parts []string
