@@ -110,7 +110,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	if err := db.PingContext(ctx); err != nil {
+	if err := ping(ctx, db, src.dialect); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open registry %s: %w", src.display, err)
 	}
@@ -128,6 +128,27 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		}
 	}
 	return r, nil
+}
+
+// ping checks that the database answers. A connection to a new SQLite file switches
+// it to WAL, which needs the file to itself and fails at once with SQLITE_BUSY,
+// without waiting out the busy timeout, when another process opens the file at the
+// same moment: that is retried for as long as the busy timeout would have waited.
+func ping(ctx context.Context, db *sql.DB, d *dialect) error {
+	const sqliteBusy = 5
+	deadline := time.Now().Add(sqliteBusyTimeout)
+	for {
+		err := db.PingContext(ctx)
+		var coded interface{ Code() int }
+		if err == nil || d != sqlite || !errors.As(err, &coded) || coded.Code()&0xff != sqliteBusy || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // String names the registry for logs; it never holds a password.

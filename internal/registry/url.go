@@ -62,12 +62,15 @@ func parseSQLite(raw string) (source, error) {
 	return source{dialect: sqlite, dsn: sqliteDSN(abs), display: "sqlite://" + abs}, nil
 }
 
+// sqliteBusyTimeout is how long a SQLite statement waits for another connection's lock.
+const sqliteBusyTimeout = 5 * time.Second
+
 // sqliteDSN opens the file in WAL mode with a busy timeout, so that other readers and
 // writers of the file work while the controller runs, and takes the write lock at the
 // start of a transaction rather than failing half way through it.
 func sqliteDSN(path string) string {
 	q := url.Values{}
-	q.Add("_pragma", "busy_timeout(5000)")
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Set("_txlock", "immediate")
