@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 
@@ -46,6 +47,13 @@ func main() {
 	if err := opts.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "student-controller: %v\n", err)
 		os.Exit(2)
+	}
+	if opts.pprofAddr == "0" {
+		// Nobody can read a heap profile, so do not sample one: the runtime keeps a
+		// record per sampled call stack for the life of the process (1.6 MiB of
+		// go_memstats_buck_hash_sys_bytes with 10000 Students converged). Go does
+		// the same for programs that do not link the profiler.
+		runtime.MemProfileRate = 0
 	}
 
 	// The metrics server comes from controller-runtime, which logs through logr.
