@@ -103,7 +103,7 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time) error {
 		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
 			return fmt.Errorf("apply migration %s: %w", m.name, err)
 		}
-		if _, err := tx.ExecContext(ctx, d.rebind(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`),
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
 			m.version, m.name, now.UTC()); err != nil {
 			return fmt.Errorf("record migration %s: %w", m.name, err)
 		}

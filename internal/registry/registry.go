@@ -68,12 +68,12 @@ type Registry struct {
 
 const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at`
 
-// Statements of the hot path, with ? placeholders (rebound per dialect).
+// Statements of the hot path. $n placeholders: PostgreSQL's, and SQLite takes them too.
 const (
-	getSQL    = `SELECT ` + columns + ` FROM students WHERE uid = ?`
+	getSQL    = `SELECT ` + columns + ` FROM students WHERE uid = $1`
 	upsertSQL = `
 		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (uid) DO UPDATE SET
 			namespace = excluded.namespace,
 			name = excluded.name,
@@ -83,8 +83,8 @@ const (
 			updated_at = excluded.updated_at
 		WHERE students.owner = excluded.owner
 		RETURNING created_at, updated_at`
-	deleteSQL  = `DELETE FROM students WHERE uid = ? AND owner = ?`
-	releaseSQL = `UPDATE students SET owner = NULL, released_at = ?, updated_at = ? WHERE uid = ? AND owner = ?`
+	deleteSQL  = `DELETE FROM students WHERE uid = $1 AND owner = $2`
+	releaseSQL = `UPDATE students SET owner = NULL, released_at = $1, updated_at = $2 WHERE uid = $3 AND owner = $4`
 )
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
@@ -122,7 +122,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		stmt  **sql.Stmt
 		query string
 	}{{&r.get, getSQL}, {&r.upsert, upsertSQL}, {&r.del, deleteSQL}, {&r.release, releaseSQL}} {
-		if *p.stmt, err = db.PrepareContext(ctx, src.dialect.rebind(p.query)); err != nil {
+		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
 			r.Close()
 			return nil, fmt.Errorf("open registry %s: prepare statements: %w", src.display, err)
 		}
@@ -199,7 +199,7 @@ func (r *Registry) Get(ctx context.Context, uid string) (Record, error) {
 
 // List returns the rows that owner owns, by namespace and name.
 func (r *Registry) List(ctx context.Context, owner string) ([]Record, error) {
-	rows, err := r.db.QueryContext(ctx, r.dialect.rebind(`SELECT `+columns+` FROM students WHERE owner = ? ORDER BY namespace, name, uid`), owner)
+	rows, err := r.db.QueryContext(ctx, `SELECT `+columns+` FROM students WHERE owner = $1 ORDER BY namespace, name, uid`, owner)
 	if err != nil {
 		return nil, fmt.Errorf("list rows of %q: %w", owner, err)
 	}

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,8 +16,6 @@ type backend struct {
 	// newRegistry makes a fresh, empty registry and returns its URL and a connection
 	// to it as another program would have.
 	newRegistry func(t *testing.T) (string, *sql.DB)
-	// rebind turns ? placeholders into the database's own.
-	rebind func(query string) string
 	// outage takes the registry away until restore is called.
 	outage func(t *testing.T, db *sql.DB) (restore func())
 	// hold is how long an outage lasts at least.
@@ -36,7 +32,6 @@ func backends() []backend {
 				path := filepath.Join(t.TempDir(), "registry.db")
 				return "sqlite://" + path, rawDB(t, path)
 			},
-			rebind: func(q string) string { return q },
 			// Another program takes the file's write lock and keeps it.
 			outage: func(t *testing.T, db *sql.DB) func() {
 				ctx := context.Background()
@@ -66,19 +61,6 @@ func backends() []backend {
 				}
 				t.Cleanup(func() { db.Close() })
 				return pg.URL(name, true), db
-			},
-			rebind: func(q string) string {
-				var b strings.Builder
-				n := 0
-				for _, r := range q {
-					if r == '?' {
-						n++
-						b.WriteString("$" + strconv.Itoa(n))
-						continue
-					}
-					b.WriteRune(r)
-				}
-				return b.String()
 			},
 			// The server stops; connections are cut.
 			outage: func(t *testing.T, _ *sql.DB) func() {

@@ -234,7 +234,7 @@ func testDeletePolicies(t *testing.T, b backend) {
 		t.Errorf("policy Orphan: want the row kept and released, got %+v", row)
 	}
 	var releasedAt sql.NullString
-	if err := db.QueryRow(b.rebind(`SELECT released_at FROM students WHERE uid = ?`), uids["keep-my-row"]).Scan(&releasedAt); err != nil || !releasedAt.Valid {
+	if err := db.QueryRow(`SELECT released_at FROM students WHERE uid = $1`, uids["keep-my-row"]).Scan(&releasedAt); err != nil || !releasedAt.Valid {
 		t.Errorf("policy Orphan: released_at = %v, %v; want it set", releasedAt, err)
 	}
 }
@@ -263,14 +263,14 @@ func testSweepRepairsDrift(t *testing.T, b backend) {
 		query string
 		args  []any
 	}{
-		{`DELETE FROM students WHERE uid = ?`, []any{string(byName["d-000"].UID)}},
-		{`UPDATE students SET school = 'tampered', student_name = 'tampered' WHERE uid = ?`, []any{string(byName["d-001"].UID)}},
+		{`DELETE FROM students WHERE uid = $1`, []any{string(byName["d-000"].UID)}},
+		{`UPDATE students SET school = 'tampered', student_name = 'tampered' WHERE uid = $1`, []any{string(byName["d-001"].UID)}},
 		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
-			VALUES ('orphan-uid', ?, 'ghost', 'Ghost', 'Nowhere', ?, 1, ?, ?)`, []any{ns, owner, now, now}},
+			VALUES ('orphan-uid', $1, 'ghost', 'Ghost', 'Nowhere', $2, 1, $3, $4)`, []any{ns, owner, now, now}},
 		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
-			VALUES ('foreign-uid', ?, 'theirs', 'Theirs', 'Elsewhere', 'another-controller', 1, ?, ?)`, []any{ns, now, now}},
+			VALUES ('foreign-uid', $1, 'theirs', 'Theirs', 'Elsewhere', 'another-controller', 1, $2, $3)`, []any{ns, now, now}},
 	} {
-		if _, err := db.Exec(b.rebind(stmt.query), stmt.args...); err != nil {
+		if _, err := db.Exec(stmt.query, stmt.args...); err != nil {
 			t.Fatal(err)
 		}
 	}
