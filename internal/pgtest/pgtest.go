@@ -8,7 +8,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -18,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/student-controller/student-controller/internal/testproc"
 )
 
 // Password is the superuser's password on every test server. Tests assert it never
@@ -77,7 +78,7 @@ func Start(ctx context.Context) (*Server, error) {
 		"--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C.UTF-8").CombinedOutput(); err != nil {
 		return nil, errors.Join(fmt.Errorf("initdb: %v\n%s", err, out), s.cleanup())
 	}
-	if s.port, err = freePort(); err != nil {
+	if s.port, err = testproc.FreePort(); err != nil {
 		return nil, errors.Join(err, s.cleanup())
 	}
 	if err := s.Start(ctx); err != nil {
@@ -165,13 +166,4 @@ func (s *Server) writeFile(path, content string) error {
 		return os.Chown(path, int(s.creds.Uid), int(s.creds.Gid))
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -15,6 +15,8 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/testproc"
 )
 
 // TestReadinessAndMetrics: /readyz says not ready until the Student cache has synced
@@ -28,7 +30,7 @@ func TestReadinessAndMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pprofAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	pprofAddr := testproc.Addr(t)
 	p := startProcess(t, "controller", "--kubeconfig", late.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+path, "--registry-owner", owner, "--pprof-bind-address", pprofAddr)
 
@@ -87,10 +89,14 @@ func TestReadinessAndMetrics(t *testing.T) {
 		}
 	}
 
-	// Profiles only where --pprof-bind-address says, not beside the probes.
+	// Profiles only where --pprof-bind-address says, not beside the probes; with it
+	// set the heap is sampled (without it the controller turns sampling off).
 	code, body, err := get("http://" + pprofAddr + "/debug/pprof/heap?debug=1")
 	if err != nil || code != http.StatusOK || !strings.Contains(body, "heap profile") {
 		t.Errorf("pprof heap profile: %d %.80q %v", code, body, err)
+	}
+	if !strings.Contains(body, "\n# MemProfileRate=") || strings.Contains(body, "\n# MemProfileRate=0\n") {
+		t.Errorf("the heap profile is not sampled: %q", body[max(0, len(body)-80):])
 	}
 	if code, _, _ := get("http://" + p.probeAddr + "/debug/pprof/"); code != http.StatusNotFound {
 		t.Errorf("the probe server answers /debug/pprof/ with %d, want 404", code)

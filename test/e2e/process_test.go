@@ -1,18 +1,16 @@
 package e2e
 
 import (
-	"bytes"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/student-controller/student-controller/internal/testproc"
 )
 
 // process is a student-controller binary running for a test, with its own metrics and
@@ -21,7 +19,7 @@ type process struct {
 	t           *testing.T
 	name        string
 	cmd         *exec.Cmd
-	logs        *lockedBuffer
+	logs        *testproc.Output
 	metricsAddr string
 	probeAddr   string
 	exited      chan struct{}
@@ -38,9 +36,9 @@ func startProcess(t *testing.T, name string, args ...string) *process {
 func startProcessEnv(t *testing.T, name string, env []string, args ...string) *process {
 	t.Helper()
 	p := &process{
-		t: t, name: name, logs: &lockedBuffer{}, exited: make(chan struct{}),
-		metricsAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-		probeAddr:   fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		t: t, name: name, logs: &testproc.Output{}, exited: make(chan struct{}),
+		metricsAddr: testproc.Addr(t),
+		probeAddr:   testproc.Addr(t),
 	}
 	args = append(args, "--metrics-bind-address", p.metricsAddr, "--health-probe-bind-address", p.probeAddr)
 	p.cmd = exec.Command(controllerBinary(t), args...)
@@ -102,32 +100,4 @@ func metricLines(body, name string) []string {
 		}
 	}
 	return out
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// lockedBuffer is a bytes.Buffer that a process writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/internal/testproc"
 )
 
 // TestMakeRun runs `make run`, follows the printed instructions from "another
@@ -31,7 +31,7 @@ func TestMakeRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := t.TempDir()
-	flags := fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d --metrics-bind-address=127.0.0.1:%d", freePort(t), freePort(t))
+	flags := fmt.Sprintf("--health-probe-bind-address=%s --metrics-bind-address=%s", testproc.Addr(t), testproc.Addr(t))
 	cmd := exec.Command("make", "--no-print-directory", "run", "STATE_DIR="+state, "RUN_FLAGS="+flags)
 	cmd.Dir = root
 	// A terminal's Ctrl-C signals the whole foreground process group: give make one.
@@ -46,7 +46,7 @@ func TestMakeRun(t *testing.T) {
 	}
 	pgid := cmd.Process.Pid
 	exited := make(chan error, 1)
-	transcript := &lockedWriter{b: &strings.Builder{}}
+	transcript := &testproc.Output{}
 	lines := make(chan string, 1000)
 	go func() {
 		sc := bufio.NewScanner(io.TeeReader(out, transcript))
@@ -209,32 +209,4 @@ func processesMentioning(t *testing.T, dir string) []string {
 		}
 	}
 	return out
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// lockedWriter lets the reader goroutine write the transcript and the test read it.
-type lockedWriter struct {
-	mu sync.Mutex
-	b  *strings.Builder
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

@@ -1,0 +1,50 @@
+// Package testproc holds what the tests that run processes (the controller, the
+// local control plane, PostgreSQL) share: addresses to give them and a place for
+// what they print.
+package testproc
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+)
+
+// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Addr returns 127.0.0.1:PORT for a free port, and fails the test when there is none.
+func Addr(tb testing.TB) string {
+	tb.Helper()
+	port, err := FreePort()
+	if err != nil {
+		tb.Fatalf("find a free port: %v", err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// Output collects what a process writes while the test reads it.
+type Output struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
