@@ -19,7 +19,6 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -84,7 +83,7 @@ func run(ctx context.Context, opts options) error {
 	factory := controller.NewInformerFactory(studentClient, opts.namespace, opts.resyncPeriod)
 	rateLimiter := controller.DefaultRateLimiter()
 	if opts.rateLimiter == "client-go" {
-		rateLimiter = workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName]()
+		rateLimiter = workqueue.DefaultTypedControllerRateLimiter[string]()
 	}
 	ctrl, err := controller.New(ctx, studentClient, factory.Bolingcavalry().V1().Students(), reg, recorder, controller.Config{
 		Owner:             opts.owner,

@@ -19,7 +19,7 @@ import (
 type sweepPlan struct {
 	// Resync are the Students whose row is missing or differs from them: their sync
 	// repairs the row.
-	Resync []cache.ObjectName
+	Resync []string
 	// Orphans are owned rows whose Student is gone.
 	Orphans []registry.Record
 }
@@ -45,12 +45,12 @@ func planSweep(owner string, rows []registry.Record, students []*studentv1.Stude
 			continue
 		}
 		if s.DeletionTimestamp == nil && !sameRow(row, recordOf(owner, s)) {
-			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s))
+			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s).String())
 		}
 	}
 	for _, s := range students {
 		if !seen[s.UID] && s.DeletionTimestamp == nil && validateSpec(s.Spec) == "" {
-			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s))
+			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s).String())
 		}
 	}
 	return plan

@@ -52,10 +52,8 @@ func TestPlanSweep(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			plan := planSweep(owner, tc.rows, tc.students)
-			var resync, orphans []string
-			for _, k := range plan.Resync {
-				resync = append(resync, k.String())
-			}
+			resync := plan.Resync
+			var orphans []string
 			for _, r := range plan.Orphans {
 				orphans = append(orphans, r.UID)
 			}
@@ -135,7 +133,7 @@ func TestSweep(t *testing.T) {
 			var queued []string
 			for f.ctrl.queue.Len() > 0 {
 				key, _ := f.ctrl.queue.Get()
-				queued = append(queued, key.String())
+				queued = append(queued, key)
 				f.ctrl.queue.Done(key)
 			}
 			if diff := cmp.Diff(tc.wantQueued, queued); diff != "" {

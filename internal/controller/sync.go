@@ -32,8 +32,12 @@ const (
 
 // sync brings the registry in line with one Student. It is level-based: it reads the
 // object from the cache, whatever event brought the key, and is safe to repeat.
-func (c *Controller) sync(ctx context.Context, key cache.ObjectName) error {
-	student, err := c.lister.Students(key.Namespace).Get(key.Name)
+func (c *Controller) sync(ctx context.Context, key string) error {
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return terminal(err)
+	}
+	student, err := c.lister.Students(namespace).Get(name)
 	if apierrors.IsNotFound(err) {
 		// Gone: its finalizer saw to its row, or the sweep will.
 		return nil

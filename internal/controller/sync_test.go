@@ -179,7 +179,7 @@ func TestSync(t *testing.T) {
 				f.registry.Close()
 			}
 
-			err := f.ctrl.sync(f.ctx, cache.MetaObjectToName(tc.student))
+			err := f.ctrl.sync(f.ctx, cache.MetaObjectToName(tc.student).String())
 			var term *terminalError
 			switch gotErr := map[bool]string{true: "terminal", false: "retry"}[errors.As(err, &term)]; {
 			case tc.wantErr == "" && err != nil:
@@ -243,7 +243,7 @@ func TestSync(t *testing.T) {
 // syncs its own writes bring back, and any resync after, cost nothing.
 func TestSyncWriteEconomy(t *testing.T) {
 	f := newFixture(t, newStudent("a"))
-	key := cache.ObjectName{Namespace: "school", Name: "a"}
+	key := "school/a"
 	if err := f.ctrl.sync(f.ctx, key); err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,7 @@ func TestEnqueue(t *testing.T) {
 			}
 			if tc.want == 1 {
 				key, _ := f.ctrl.queue.Get()
-				if key != (cache.ObjectName{Namespace: "school", Name: "a"}) {
+				if key != "school/a" {
 					t.Errorf("queued %v, want school/a", key)
 				}
 			}
@@ -327,12 +327,14 @@ func TestEnqueue(t *testing.T) {
 func TestProcessNextWorkItem(t *testing.T) {
 	tests := map[string]struct {
 		student     *studentv1.Student
+		key         string // the Student's own when empty
 		down        bool
 		wantRetries int
 	}{
-		"done":     {student: newStudent("a")},
-		"retry":    {student: newStudent("a"), down: true, wantRetries: 1},
-		"terminal": {student: newStudent("a", func(s *studentv1.Student) { s.Spec.School = "" })},
+		"done":      {student: newStudent("a")},
+		"retry":     {student: newStudent("a"), down: true, wantRetries: 1},
+		"terminal":  {student: newStudent("a", func(s *studentv1.Student) { s.Spec.School = "" })},
+		"malformed": {student: newStudent("a"), key: "school/a/b"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -340,7 +342,10 @@ func TestProcessNextWorkItem(t *testing.T) {
 			if tc.down {
 				f.registry.Close()
 			}
-			key := cache.MetaObjectToName(tc.student)
+			key := tc.key
+			if key == "" {
+				key = cache.MetaObjectToName(tc.student).String()
+			}
 			f.ctrl.queue.Add(key)
 			if !f.ctrl.processNextWorkItem(f.ctx) {
 				t.Fatal("processNextWorkItem stopped")
