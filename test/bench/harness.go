@@ -7,7 +7,6 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	_ "modernc.org/sqlite"
 
+	"github.com/student-controller/student-controller/internal/testproc"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
@@ -39,6 +39,10 @@ type harness struct {
 	kubeconfig string
 	kube       kubernetes.Interface
 	students   versioned.Interface
+	// flags are added to the contender's own, and hold keeps it running after its
+	// steady memory is measured: both for investigating one contender (-only).
+	flags []string
+	hold  time.Duration
 }
 
 // point is the number of Ready Students at a time since the loader started.
@@ -150,6 +154,10 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	}
 	r.PeakRSSMiB, r.SteadyRSSMiB = rss(p.cmd.Process.Pid)
 	r.ConvergeCPUSeconds = cpuSeconds(p.cmd.Process.Pid)
+	if h.hold > 0 {
+		say("  %s: holding %v for inspection: pid %d, metrics http://%s/metrics", c.name, h.hold, p.cmd.Process.Pid, p.metricsAddr)
+		time.Sleep(h.hold)
+	}
 
 	// Restart over N synced Students: time until it has synced them all, and its writes.
 	if r.Converged && c.reconciles != "" {
@@ -334,8 +342,15 @@ type process struct {
 }
 
 func (h *harness) start(c contender, ns, registryURL, run string) (*process, error) {
-	p := &process{metricsAddr: freeAddr(), probeAddr: freeAddr(), done: make(chan struct{})}
-	p.cmd = exec.Command(c.bin, c.args(h, ns, registryURL, p.metricsAddr, p.probeAddr)...)
+	p := &process{done: make(chan struct{})}
+	for _, addr := range []*string{&p.metricsAddr, &p.probeAddr} {
+		port, err := testproc.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		*addr = fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	p.cmd = exec.Command(c.bin, append(c.args(h, ns, registryURL, p.metricsAddr, p.probeAddr), h.flags...)...)
 	log, err := os.Create(filepath.Join(h.scratch, c.name+"-"+run+".log"))
 	if err != nil {
 		return nil, err
@@ -401,7 +416,7 @@ func countRows(file, ns string) int {
 	}
 	defer db.Close()
 	var n int
-	if err := db.QueryRow(`SELECT count(*) FROM students WHERE namespace = ? AND owner IS NOT NULL`, ns).Scan(&n); err != nil {
+	if err := db.QueryRow(`SELECT count(*) FROM students WHERE namespace = $1 AND owner IS NOT NULL`, ns).Scan(&n); err != nil {
 		return -1
 	}
 	return n
@@ -503,12 +518,3 @@ func cpuSeconds(pid int) float64 {
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux.
 const clockTicks = 100
-
-func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}

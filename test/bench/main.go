@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -28,7 +29,13 @@ func main() {
 	phase := flag.Duration("phase-timeout", 0, "longest a phase (converge, restart, delete) may take before it is cut off and projected; default scales with N")
 	renderOnly := flag.String("render", "", "only rewrite the Markdown and chart of this results JSON")
 	only := flag.String("only", "", "run only this contender, for investigation (results are not written)")
+	flags := flag.String("flags", "", "with -only: more flags for the contender, e.g. --pprof-bind-address=127.0.0.1:6060")
+	hold := flag.Duration("hold", 0, "with -only: keep the contender running this long after measuring its steady memory, to inspect it")
 	flag.Parse()
+	if (*flags != "" || *hold != 0) && *only == "" {
+		fmt.Fprintln(os.Stderr, "bench: -flags and -hold are for investigating one contender: they need -only")
+		os.Exit(2)
+	}
 	if *renderOnly != "" {
 		if err := rerender(*renderOnly); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
@@ -39,13 +46,21 @@ func main() {
 	if *phase == 0 {
 		*phase = max(30*time.Second, time.Duration(*n)*36*time.Millisecond)
 	}
-	if err := run(*n, *out, *scratch, *phase, *only); err != nil {
+	inv := investigation{only: *only, flags: strings.Fields(*flags), hold: *hold}
+	if err := run(*n, *out, *scratch, *phase, inv); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n int, outDir, scratch string, phase time.Duration, only string) error {
+// investigation narrows a run to one contender, changed as it says.
+type investigation struct {
+	only  string
+	flags []string
+	hold  time.Duration
+}
+
+func run(n int, outDir, scratch string, phase time.Duration, inv investigation) error {
 	ctx := context.Background()
 	root, err := os.Getwd()
 	if err != nil {
@@ -78,10 +93,11 @@ func run(n int, outDir, scratch string, phase time.Duration, only string) error 
 		n: n, phase: phase, scratch: scratch, kubeconfig: env.Kubeconfig,
 		kube:     kubernetes.NewForConfigOrDie(cfg),
 		students: versioned.NewForConfigOrDie(cfg),
+		flags:    inv.flags, hold: inv.hold,
 	}
 	var results []*result
 	for _, c := range contenders(bins) {
-		if only != "" && c.name != only {
+		if inv.only != "" && c.name != inv.only {
 			continue
 		}
 		say("contender %s: %s", c.name, c.describe)
@@ -92,7 +108,7 @@ func run(n int, outDir, scratch string, phase time.Duration, only string) error 
 		results = append(results, r)
 		say("contender %s: %s", c.name, r.summary())
 	}
-	if only != "" {
+	if inv.only != "" {
 		return nil // a partial run is not a result
 	}
 	return writeResults(outDir, n, phase, results)

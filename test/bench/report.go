@@ -145,8 +145,12 @@ func targets(rep report) string {
 	row("0 writes on restart", fmt.Sprintf("%d", sc.RestartWrites), sc.RestartMeasured && sc.RestartWrites == 0)
 	memRatio := sc.SteadyRSSMiB / peer.SteadyRSSMiB
 	row("steady memory at most 60% of the peer's", fmt.Sprintf("%.1f MiB against %.1f MiB (%.0f%%)", sc.SteadyRSSMiB, peer.SteadyRSSMiB, memRatio*100), memRatio <= 0.6)
-	if memRatio > 0.6 {
-		fmt.Fprintf(&b, "\nMissed: steady memory, by %.1f MiB (the target is %.1f MiB).\n", sc.SteadyRSSMiB-0.6*peer.SteadyRSSMiB, 0.6*peer.SteadyRSSMiB)
+	switch line := 0.6 * peer.SteadyRSSMiB; {
+	case sc.SteadyRSSMiB > line:
+		fmt.Fprintf(&b, "\nMissed: steady memory, by %.1f MiB (the target is %.1f MiB).\n", sc.SteadyRSSMiB-line, line)
+	case line-sc.SteadyRSSMiB < memorySpreadMiB:
+		fmt.Fprintf(&b, "\nMet narrowly: steady memory is %.1f MiB under the target of %.1f MiB, less than runs of the same "+
+			"build differ by (about %.0f MiB here), so a rerun can land above it.\n", line-sc.SteadyRSSMiB, line, memorySpreadMiB)
 	}
 	b.WriteString(memoryNote)
 	b.WriteString("\nEvents are best effort: client-go's event broadcaster drops Events when its queue is full, as it is " +
@@ -154,16 +158,25 @@ func targets(rep report) string {
 	return b.String()
 }
 
+// memorySpreadMiB is how much the steady memory of student-controller differed between
+// runs of one build on this machine (2026-11-29 and 11-30, N=10000).
+const memorySpreadMiB = 2.0
+
 // memoryNote is what profiling showed student-controller's memory to be made of
-// (heap profiles from --pprof-bind-address and /proc/PID/smaps, N=10000, 2026-11-29).
-const memoryNote = "\nWhere student-controller's memory goes, profiled at N=10000: about 30 MiB of the resident set is the " +
+// (/proc/PID/smaps, and heap profiles from --pprof-bind-address sampled every 4 KiB,
+// N=10000, 2026-11-30).
+const memoryNote = "\nWhere student-controller's memory goes, profiled at N=10000: about 28 MiB of the resident set is the " +
 	"binary's code and read-only data (mostly the types of k8s.io/api, which every client-go program registers, and " +
-	"SQLite), the same for the peer; the rest is the Go heap: the cached Students (about 7 MiB live), the informer's " +
-	"and the workqueue's maps, a few MiB that every process holds, and the collector's headroom. What keeps it down: " +
-	"the cache drops managedFields and shares strings many Students repeat; GOGC=50 gives the collector half the " +
-	"live heap as headroom instead of all of it; client-go's event correlator keeps 512 recent Events per cache instead " +
-	"of 4096 (about 5 MiB); the Student informer has no namespace index; the recorder's scheme holds Student and Lease, " +
-	"not every built-in kind; /metrics is served uncompressed (gzip kept a 1.5 MiB compressor between scrapes).\n"
+	"SQLite), the same for the peer; the rest is the Go heap and the runtime's bookkeeping for it. About 11 MiB of heap " +
+	"is live: the cached Students 5.8 MiB, the informer's map of them 0.8 MiB, client-go's workqueue 1.4 MiB (its maps " +
+	"grew to hold the 10000 keys of the first burst and Go maps do not shrink once emptied; namespace/name string " +
+	"keys keep them half the size cache.ObjectName keys would), the rest built at start. " +
+	"What keeps it down: the cache drops managedFields and shares strings many Students repeat; GOGC=50 gives the " +
+	"collector half the live heap as headroom instead of all of it; the heap profile is not sampled unless " +
+	"--pprof-bind-address is set (its records took 1.5 MiB); client-go's event correlator keeps 512 recent Events " +
+	"per cache instead of 4096 (about 5 MiB); the Student informer has no namespace index; the recorder's scheme " +
+	"holds Student and Lease, not every built-in kind; /metrics is served uncompressed (gzip kept a 1.5 MiB " +
+	"compressor between scrapes).\n"
 
 func methods(m map[string]float64) string {
 	var parts []string
