@@ -133,7 +133,13 @@ func targets(rep report) string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString("\n## Targets for student-controller\n\n| target | result | met |\n|---|---|---|\n")
+	b.WriteString("\n## Targets for student-controller\n\n")
+	if rep.N != targetN {
+		fmt.Fprintf(&b, "The targets are set for N = %d. This run has N = %d, where a second or two shifts the ratios "+
+			"(and student-controller's Events, which the other contenders do not write, are not dropped as they are under "+
+			"a bigger burst): read it as a check that the benchmark works.\n\n", targetN, rep.N)
+	}
+	b.WriteString("| target | result | met |\n|---|---|---|\n")
 	row := func(target, result string, met bool) {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", target, result, map[bool]string{true: "yes", false: "**no**"}[met])
 	}
@@ -157,6 +163,9 @@ func targets(rep report) string {
 		"when thousands of Students are created at once; status is always written.\n")
 	return b.String()
 }
+
+// targetN is the number of Students the targets are set for.
+const targetN = 10000
 
 // memorySpreadMiB is how much the steady memory of student-controller differed between
 // runs of one build on this machine (2026-11-29 and 11-30, N=10000).
