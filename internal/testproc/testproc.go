@@ -21,14 +21,23 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// Addr returns 127.0.0.1:PORT for a free port, and fails the test when there is none.
+// FreeAddr returns 127.0.0.1:PORT for a port that was free a moment ago.
+func FreeAddr() (string, error) {
+	port, err := FreePort()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port), nil
+}
+
+// Addr is FreeAddr for a test, which it fails when no port is free.
 func Addr(tb testing.TB) string {
 	tb.Helper()
-	port, err := FreePort()
+	addr, err := FreeAddr()
 	if err != nil {
 		tb.Fatalf("find a free port: %v", err)
 	}
-	return fmt.Sprintf("127.0.0.1:%d", port)
+	return addr
 }
 
 // Output collects what a process writes while the test reads it.

@@ -344,11 +344,10 @@ type process struct {
 func (h *harness) start(c contender, ns, registryURL, run string) (*process, error) {
 	p := &process{done: make(chan struct{})}
 	for _, addr := range []*string{&p.metricsAddr, &p.probeAddr} {
-		port, err := testproc.FreePort()
-		if err != nil {
+		var err error
+		if *addr, err = testproc.FreeAddr(); err != nil {
 			return nil, err
 		}
-		*addr = fmt.Sprintf("127.0.0.1:%d", port)
 	}
 	p.cmd = exec.Command(c.bin, append(c.args(h, ns, registryURL, p.metricsAddr, p.probeAddr), h.flags...)...)
 	log, err := os.Create(filepath.Join(h.scratch, c.name+"-"+run+".log"))

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -61,6 +62,13 @@ type investigation struct {
 }
 
 func run(n int, outDir, scratch string, phase time.Duration, inv investigation) error {
+	if all := contenders(binaries{}); inv.only != "" && !slices.ContainsFunc(all, func(c contender) bool { return c.name == inv.only }) {
+		names := make([]string, len(all))
+		for i, c := range all {
+			names[i] = c.name
+		}
+		return fmt.Errorf("no contender %q; there are %s", inv.only, strings.Join(names, ", "))
+	}
 	ctx := context.Background()
 	root, err := os.Getwd()
 	if err != nil {
