@@ -27,20 +27,24 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 	}
 	ways := []struct {
 		name string
-		args []string
+		args func(db string) []string
 		env  []string
 	}{
-		{name: "in the URL", args: []string{"--registry", pg.URL("pw_url", true)}},
-		{name: "REGISTRY_PASSWORD", args: []string{"--registry", pg.URL("pw_env", false)}, env: []string{"REGISTRY_PASSWORD=" + pgtest.Password}},
-		{name: "password file", args: []string{"--registry", pg.URL("pw_file", false), "--registry-password-file", pwFile}},
+		{name: "in the URL", args: func(db string) []string { return []string{"--registry", pg.URL(db, true)} }},
+		{name: "REGISTRY_PASSWORD", args: func(db string) []string { return []string{"--registry", pg.URL(db, false)} },
+			env: []string{"REGISTRY_PASSWORD=" + pgtest.Password}},
+		{name: "password file", args: func(db string) []string {
+			return []string{"--registry", pg.URL(db, false), "--registry-password-file", pwFile}
+		}},
 	}
-	for i, way := range ways {
+	for _, way := range ways {
 		t.Run(way.name, func(t *testing.T) {
-			if err := pg.CreateDatabase(ctx, []string{"pw_url", "pw_env", "pw_file"}[i]); err != nil {
+			db := fmt.Sprintf("pw_%d", databases.Add(1))
+			if err := pg.CreateDatabase(ctx, db); err != nil {
 				t.Fatal(err)
 			}
 			ns := newNamespace(t)
-			p := startProcessEnv(t, "controller", way.env, append(way.args,
+			p := startProcessEnv(t, "controller", way.env, append(way.args(db),
 				"--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--registry-owner", owner, "-v", "6")...)
 
 			createMany(t, ns, 2, "before")
