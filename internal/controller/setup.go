@@ -53,8 +53,8 @@ func NewEventRecorder(ctx context.Context, client typedcorev1.EventsGetter) (rec
 // controller looks Students up by key and lists them all, never by namespace, and the
 // index would hold a second set of every key.
 func NewInformerFactory(client versioned.Interface, namespace string, resync time.Duration) externalversions.SharedInformerFactory {
-	f := externalversions.NewSharedInformerFactoryWithOptions(client, resync,
-		externalversions.WithNamespace(namespace), externalversions.WithTransform(TrimForCache))
+	// The namespace goes to the informer below, the only one the factory makes.
+	f := externalversions.NewSharedInformerFactoryWithOptions(client, resync, externalversions.WithTransform(TrimForCache))
 	f.InformerFor(&studentv1.Student{}, func(c versioned.Interface, resync time.Duration) cache.SharedIndexInformer {
 		return studentinformers.NewTypedStudentInformerWithOptions(c, namespace,
 			internalinterfaces.InformerOptions{ResyncPeriod: resync, InformerName: f.InformerName()})

@@ -62,11 +62,11 @@ type investigation struct {
 }
 
 func run(n int, outDir, scratch string, phase time.Duration, inv investigation) error {
-	if all := contenders(binaries{}); inv.only != "" && !slices.ContainsFunc(all, func(c contender) bool { return c.name == inv.only }) {
-		names := make([]string, len(all))
-		for i, c := range all {
-			names[i] = c.name
-		}
+	var names []string
+	for _, c := range contenders(binaries{}) {
+		names = append(names, c.name)
+	}
+	if inv.only != "" && !slices.Contains(names, inv.only) {
 		return fmt.Errorf("no contender %q; there are %s", inv.only, strings.Join(names, ", "))
 	}
 	ctx := context.Background()

@@ -182,7 +182,7 @@ const memoryNote = "\nWhere student-controller's memory goes, profiled at N=1000
 	"keys keep them half the size cache.ObjectName keys would), the rest built at start. " +
 	"What keeps it down: the cache drops managedFields and shares strings many Students repeat; GOGC=50 gives the " +
 	"collector half the live heap as headroom instead of all of it; the heap profile is not sampled unless " +
-	"--pprof-bind-address is set (its records took 1.5 MiB); client-go's event correlator keeps 512 recent Events " +
+	"--pprof-bind-address is set (its records took 1.6 MiB); client-go's event correlator keeps 512 recent Events " +
 	"per cache instead of 4096 (about 5 MiB); the Student informer has no namespace index; the recorder's scheme " +
 	"holds Student and Lease, not every built-in kind; /metrics is served uncompressed (gzip kept a 1.5 MiB " +
 	"compressor between scrapes). The resident set is in effect the high-water mark of the burst: it did not shrink " +

@@ -26,16 +26,14 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 		t.Fatal(err)
 	}
 	ways := []struct {
-		name string
-		args func(db string) []string
-		env  []string
+		name  string
+		inURL bool // the password is in the registry URL
+		args  []string
+		env   []string
 	}{
-		{name: "in the URL", args: func(db string) []string { return []string{"--registry", pg.URL(db, true)} }},
-		{name: "REGISTRY_PASSWORD", args: func(db string) []string { return []string{"--registry", pg.URL(db, false)} },
-			env: []string{"REGISTRY_PASSWORD=" + pgtest.Password}},
-		{name: "password file", args: func(db string) []string {
-			return []string{"--registry", pg.URL(db, false), "--registry-password-file", pwFile}
-		}},
+		{name: "in the URL", inURL: true},
+		{name: "REGISTRY_PASSWORD", env: []string{"REGISTRY_PASSWORD=" + pgtest.Password}},
+		{name: "password file", args: []string{"--registry-password-file", pwFile}},
 	}
 	for _, way := range ways {
 		t.Run(way.name, func(t *testing.T) {
@@ -44,8 +42,9 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 				t.Fatal(err)
 			}
 			ns := newNamespace(t)
-			p := startProcessEnv(t, "controller", way.env, append(way.args(db),
-				"--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--registry-owner", owner, "-v", "6")...)
+			args := append([]string{"--registry", pg.URL(db, way.inURL), "--kubeconfig", controllerID.kubeconfig,
+				"--namespace", ns, "--registry-owner", owner, "-v", "6"}, way.args...)
+			p := startProcessEnv(t, "controller", way.env, args...)
 
 			createMany(t, ns, 2, "before")
 			waitAllReady(t, ns, 2, time.Minute)
