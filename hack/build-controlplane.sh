@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the local control plane (kube-apiserver and etcd) from their Go modules into
-# bin/k8s, the binaries that envtest and `make run` start. It rebuilds only when the
+# Builds the local control plane (etcd, kube-apiserver and kube-controller-manager) from
+# their Go modules into bin/k8s, the binaries that the tests, the bench and `make run` start. It rebuilds only when the
 # binaries are missing or the inputs that made them changed.
 set -o errexit -o nounset -o pipefail
 
@@ -12,7 +12,7 @@ KUBE_VERSION="v1.37.2"
 # Everything that decides what the binaries are: change any of it and they are rebuilt.
 stamp="$(cat "${TOOLS}/go.mod" "${TOOLS}/go.sum" "${TOOLS}/etcd/main.go" "${BASH_SOURCE[0]}" \
 	| sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
-if [[ -x "${OUT}/kube-apiserver" && -x "${OUT}/etcd" && -f "${OUT}/.stamp" \
+if [[ -x "${OUT}/kube-apiserver" && -x "${OUT}/kube-controller-manager" && -x "${OUT}/etcd" && -f "${OUT}/.stamp" \
 	&& "$(cat "${OUT}/.stamp")" == "${stamp}" ]]; then
 	echo "control plane: up to date in ${OUT#"${ROOT}"/}"
 	exit 0
@@ -21,8 +21,8 @@ fi
 mkdir -p "${OUT}"
 rm -f "${OUT}/.stamp"
 log="${OUT}/build.log"
-echo "control plane: building kube-apiserver ${KUBE_VERSION} and etcd from Go modules into ${OUT#"${ROOT}"/}"
-echo "control plane: the first build takes minutes (about 13 on 2 cores); later runs reuse it"
+echo "control plane: building etcd, kube-apiserver and kube-controller-manager ${KUBE_VERSION} from Go modules into ${OUT#"${ROOT}"/}"
+echo "control plane: the first build takes minutes (about 10 on 2 cores); later runs reuse it"
 
 # The version the API server reports (kubectl version, /version) is stamped at link
 # time, as Kubernetes' own build does; otherwise it says v0.0.0-master.
@@ -51,7 +51,8 @@ build() { # name, package
 }
 build etcd ./etcd
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 
 echo "${stamp}" > "${OUT}/.stamp"
 rm -f "${log}"
-echo "control plane: built in $((SECONDS - start))s: $("${OUT}/kube-apiserver" --version), etcd $("${OUT}/etcd" --version | head -n1 | awk '{print $3}')"
+echo "control plane: built in $((SECONDS - start))s: $("${OUT}/kube-apiserver" --version), kube-controller-manager $("${OUT}/kube-controller-manager" --version | awk '{print $2}'), etcd $("${OUT}/etcd" --version | head -n1 | awk '{print $3}')"

@@ -9,8 +9,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
 THIS_PKG="$(go list -m)"
 
-# kube_codegen.sh comes from the k8s.io/code-generator version pinned in go.mod.
+# kube_codegen.sh comes from the k8s.io/code-generator version pinned in go.mod. `go list`
+# names the module's folder only once it is in the module cache, so download it first.
+go mod download k8s.io/code-generator
 CODEGEN_PKG="$(go list -m -f '{{.Dir}}' k8s.io/code-generator)"
+if [[ ! -f "${CODEGEN_PKG}/kube_codegen.sh" ]]; then
+	echo "kube_codegen.sh not found in k8s.io/code-generator (module folder: '${CODEGEN_PKG}')" >&2
+	exit 1
+fi
 # shellcheck source=/dev/null
 source "${CODEGEN_PKG}/kube_codegen.sh"
 

@@ -41,8 +41,8 @@ type Registry interface {
 	Get(ctx context.Context, uid string) (registry.Record, error)
 	Upsert(ctx context.Context, rec registry.Record) (registry.Record, error)
 	Delete(ctx context.Context, uid, owner string) (bool, error)
-	Release(ctx context.Context, uid, owner string) (bool, error)
-	List(ctx context.Context, owner string) ([]registry.Record, error)
+	Release(ctx context.Context, rec registry.Record) (bool, error)
+	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 }
 
 // Config tunes a Controller. Owner is required; zero values elsewhere take defaults.
@@ -80,6 +80,10 @@ type Controller struct {
 	recorder record.EventRecorder
 	cfg      Config
 	clock    clock.PassiveClock
+	// malformed are the uids of the unreadable rows the last sweep found; a row is
+	// logged when it first shows up here. Only Sweep, which never runs twice at once,
+	// touches it.
+	malformed map[string]bool
 }
 
 // DefaultRateLimiter spaces the retries of one Student from half a second up to five

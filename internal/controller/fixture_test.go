@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
 	_ "modernc.org/sqlite"
@@ -36,14 +39,17 @@ type fixture struct {
 	recorder *record.FakeRecorder
 	clock    *testingclock.FakeClock
 	ctrl     *Controller
+	// dbPath is the registry's SQLite file, for writes past the registry.
+	dbPath string
 }
 
 func newFixture(t *testing.T, students ...*studentv1.Student) *fixture {
 	t.Helper()
-	_, ctx := ktesting.NewTestContext(t)
-	f := &fixture{t: t, ctx: ctx, clock: testingclock.NewFakeClock(start), recorder: record.NewFakeRecorder(100)}
+	ctx := klog.NewContext(context.Background(), ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true))))
+	f := &fixture{t: t, ctx: ctx, clock: testingclock.NewFakeClock(start), recorder: record.NewFakeRecorder(100),
+		dbPath: filepath.Join(t.TempDir(), "registry.db")}
 	var err error
-	f.registry, err = registry.Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), registry.Options{Now: f.clock.Now})
+	f.registry, err = registry.Open(ctx, "sqlite://"+f.dbPath, registry.Options{Now: f.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +143,7 @@ func (f *fixture) rows() map[string]registry.Record {
 	f.t.Helper()
 	out := map[string]registry.Record{}
 	for _, o := range []string{owner, "another-controller"} {
-		rows, err := f.registry.List(f.ctx, o)
+		rows, _, err := f.registry.List(f.ctx, o)
 		if err != nil {
 			f.t.Fatal(err)
 		}
@@ -146,6 +152,26 @@ func (f *fixture) rows() map[string]registry.Record {
 		}
 	}
 	return out
+}
+
+// logged returns the messages logged so far with their key/value pairs.
+func (f *fixture) logged() []string {
+	var out []string
+	for _, e := range klog.FromContext(f.ctx).GetSink().(ktesting.Underlier).GetBuffer().Data() {
+		out = append(out, fmt.Sprint(e.Message, e.WithKVList, e.ParameterKVList))
+	}
+	return out
+}
+
+// rawDB opens the registry's file as another program would.
+func (f *fixture) rawDB() *sql.DB {
+	f.t.Helper()
+	db, err := sql.Open("sqlite", "file:"+f.dbPath+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { db.Close() })
+	return db
 }
 
 type studentOption func(*studentv1.Student)

@@ -19,6 +19,7 @@ type Metrics struct {
 	registryDuration  *prometheus.HistogramVec
 	sweepTotal        *prometheus.CounterVec
 	sweepDeleted      prometheus.Counter
+	malformedRows     prometheus.Gauge
 }
 
 // Results of a reconcile, the label of the reconcile metrics.
@@ -43,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_registry_operation_duration_seconds",
-			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, list) and result (ok, not_found, not_owned, error).",
+			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, list) and result (ok, not_found, not_owned, malformed, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
 		sweepTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -54,9 +55,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "student_controller_sweep_deleted_rows_total",
 			Help: "Orphan registry rows deleted by sweeps.",
 		}),
+		malformedRows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "student_controller_registry_malformed_rows",
+			Help: "Rows this controller owns that the last sweep could not read and skipped (written past the schema's checks).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.sweepTotal, m.sweepDeleted)
+		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.sweepTotal, m.sweepDeleted, m.malformedRows)
 	}
 	return m
 }
@@ -84,6 +89,9 @@ func (m *Metrics) observeSweep(r SweepResult, err error) {
 	}
 	m.sweepTotal.WithLabelValues(outcome).Inc()
 	m.sweepDeleted.Add(float64(r.Deleted))
+	if err == nil {
+		m.malformedRows.Set(float64(r.Malformed))
+	}
 }
 
 // timedRegistry records the latency and result of every registry operation.
@@ -99,6 +107,8 @@ func (t timedRegistry) observe(op string, start time.Time, err error) {
 		result = "not_found"
 	case errors.Is(err, registry.ErrNotOwned):
 		result = "not_owned"
+	case errors.Is(err, registry.ErrMalformed):
+		result = "malformed"
 	case err != nil:
 		result = "error"
 	}
@@ -126,18 +136,18 @@ func (t timedRegistry) Delete(ctx context.Context, uid, owner string) (bool, err
 	return done, err
 }
 
-func (t timedRegistry) Release(ctx context.Context, uid, owner string) (bool, error) {
+func (t timedRegistry) Release(ctx context.Context, rec registry.Record) (bool, error) {
 	start := time.Now()
-	done, err := t.Registry.Release(ctx, uid, owner)
+	done, err := t.Registry.Release(ctx, rec)
 	t.observe("release", start, err)
 	return done, err
 }
 
-func (t timedRegistry) List(ctx context.Context, owner string) ([]registry.Record, error) {
+func (t timedRegistry) List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error) {
 	start := time.Now()
-	rows, err := t.Registry.List(ctx, owner)
+	rows, malformed, err := t.Registry.List(ctx, owner)
 	t.observe("list", start, err)
-	return rows, err
+	return rows, malformed, err
 }
 
 // WorkqueueMetricsProvider exposes client-go's workqueue metrics (depth, adds,

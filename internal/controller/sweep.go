@@ -62,6 +62,9 @@ type SweepResult struct {
 	Resync  int // Students queued to repair their rows
 	Orphans int // owned rows without a Student
 	Deleted int // orphan rows deleted
+	// Malformed are owned rows that cannot be read, skipped: their Students' syncs
+	// rewrite them, and rows of no Student are left to whoever wrote them.
+	Malformed int
 	// Refused is set when the orphans were more than the safety bound allows, and
 	// none was deleted.
 	Refused bool
@@ -75,16 +78,17 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	logger := klog.FromContext(ctx)
 	// Rows first, cache second: a Student deleted in between has had its row deleted by
 	// its finalizer, so a stale row read here at worst costs a delete that finds nothing.
-	rows, err := c.registry.List(ctx, c.cfg.Owner)
+	rows, malformed, err := c.registry.List(ctx, c.cfg.Owner)
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
 	}
+	c.reportMalformed(logger, malformed)
 	students, err := c.lister.List(labels.Everything())
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
 	}
 	plan := planSweep(c.cfg.Owner, rows, students)
-	result := SweepResult{Rows: len(rows), Resync: len(plan.Resync), Orphans: len(plan.Orphans)}
+	result := SweepResult{Rows: len(rows), Resync: len(plan.Resync), Orphans: len(plan.Orphans), Malformed: len(malformed)}
 	for _, key := range plan.Resync {
 		c.queue.Add(key)
 	}
@@ -122,4 +126,16 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		return result, fmt.Errorf("sweep: %w", errors.Join(errs...))
 	}
 	return result, nil
+}
+
+// reportMalformed logs each unreadable row once, when a sweep first finds it.
+func (c *Controller) reportMalformed(logger klog.Logger, rows []registry.MalformedRow) {
+	seen := make(map[string]bool, len(rows))
+	for _, row := range rows {
+		seen[row.UID] = true
+		if !c.malformed[row.UID] {
+			logger.Error(nil, "Registry row cannot be read; the sweep skips it", "uid", row.UID, "problem", row.Problem)
+		}
+	}
+	c.malformed = seen
 }

@@ -80,9 +80,13 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 
 	want := recordOf(c.cfg.Owner, s)
 	row, err := c.registry.Get(ctx, want.UID)
-	exists := err == nil
+	exists, malformed := err == nil, errors.Is(err, registry.ErrMalformed)
 	switch {
 	case errors.Is(err, registry.ErrNotFound):
+	case malformed:
+		// Another writer got past the schema: the upsert rewrites the row if it is ours.
+		exists = true
+		logger.Info("Rewriting a registry row that cannot be read", "err", err)
 	case err != nil:
 		return c.registryFailed(ctx, s, err)
 	case row.Owner != c.cfg.Owner:
@@ -90,7 +94,7 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 	}
 
 	event := ""
-	if !exists || !sameRow(row, want) {
+	if !exists || malformed || !sameRow(row, want) {
 		row, err = c.registry.Upsert(ctx, want)
 		if errors.Is(err, registry.ErrNotOwned) {
 			return c.ownedElsewhere(ctx, s, err)
@@ -130,7 +134,7 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	event, verb := EventRowDeleted, "deleted"
 	if s.Spec.DeletionPolicy == studentv1.DeletionPolicyOrphan {
 		event, verb = EventRowReleased, "released"
-		done, err = c.registry.Release(ctx, uid, c.cfg.Owner)
+		done, err = c.registry.Release(ctx, recordOf(c.cfg.Owner, s))
 	} else {
 		done, err = c.registry.Delete(ctx, uid, c.cfg.Owner)
 	}

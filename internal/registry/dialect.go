@@ -12,6 +12,9 @@ type dialect struct {
 	lockMigrations string
 	// timestamp is the column type of a point in time.
 	timestamp string
+	// validTime is a condition, with %[1]s for a column, that holds when the column's
+	// time is one the registry can read: the upsert keeps created_at only then.
+	validTime string
 }
 
 var sqlite = &dialect{
@@ -19,6 +22,7 @@ var sqlite = &dialect{
 	driver:     "sqlite",
 	migrations: "migrations/sqlite",
 	timestamp:  "TIMESTAMP",
+	validTime:  "%[1]s = datetime(%[1]s)",
 	// SQLite takes the file's write lock at BEGIN (the DSN's _txlock=immediate).
 }
 
@@ -27,6 +31,7 @@ var postgres = &dialect{
 	driver:     "pgx",
 	migrations: "migrations/postgres",
 	timestamp:  "TIMESTAMPTZ",
+	validTime:  "isfinite(%[1]s)",
 	// A transaction-scoped advisory lock (the key spells "stud"): replicas that start
 	// at once migrate one after the other, and the later finds nothing left to do.
 	lockMigrations: "SELECT pg_advisory_xact_lock(1937011044)",

@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -53,7 +54,14 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("begin migration: %w", err)
+	}
+	// A migration may change its connection's settings (SQLite's checks are off while
+	// it copies rows written before them), so the connection is closed, not pooled.
+	defer func() { _ = conn.Raw(func(any) error { return driver.ErrBadConn }) }()
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin migration: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -16,6 +18,9 @@ var (
 	// ErrNotOwned: the row belongs to another owner, or was released; the registry
 	// refuses to change or delete it on behalf of this owner.
 	ErrNotOwned = errors.New("registry row not owned")
+	// ErrMalformed: the row holds values the registry cannot read, written past the
+	// schema's checks or before them. Upsert rewrites such a row when it is the owner's.
+	ErrMalformed = errors.New("malformed registry row")
 )
 
 // Record is one row of the students table.
@@ -55,6 +60,14 @@ type Options struct {
 	ConnMaxLifetime time.Duration
 }
 
+// MalformedRow is an owned row that List could not read and left out.
+type MalformedRow struct {
+	// UID is the row's uid as stored, empty when that is unreadable too.
+	UID string
+	// Problem says which columns hold what.
+	Problem string
+}
+
 // Registry is the student registry over one database.
 type Registry struct {
 	db      *sql.DB
@@ -69,22 +82,32 @@ type Registry struct {
 const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at`
 
 // Statements of the hot path. $n placeholders: PostgreSQL's, and SQLite takes them too.
+// Writes set every column the schema checks, so that they also repair a row written
+// past the checks: created_at is kept only when it can be read (%[1]s is the dialect's
+// test of that), and an owned row is never a released one.
 const (
 	getSQL    = `SELECT ` + columns + ` FROM students WHERE uid = $1`
 	upsertSQL = `
 		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
 		ON CONFLICT (uid) DO UPDATE SET
 			namespace = excluded.namespace,
 			name = excluded.name,
 			student_name = excluded.student_name,
 			school = excluded.school,
 			generation = excluded.generation,
-			updated_at = excluded.updated_at
+			created_at = CASE WHEN %[1]s THEN students.created_at ELSE excluded.created_at END,
+			updated_at = excluded.updated_at,
+			released_at = NULL
 		WHERE students.owner = excluded.owner
 		RETURNING created_at, updated_at`
-	deleteSQL  = `DELETE FROM students WHERE uid = $1 AND owner = $2`
-	releaseSQL = `UPDATE students SET owner = NULL, released_at = $1, updated_at = $2 WHERE uid = $3 AND owner = $4`
+	deleteSQL = `DELETE FROM students WHERE uid = $1 AND owner = $2`
+	// A released row keeps the Student's last spec.
+	releaseSQL = `
+		UPDATE students SET namespace = $3, name = $4, student_name = $5, school = $6, generation = $7,
+			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END,
+			owner = NULL, released_at = $8, updated_at = $8
+		WHERE uid = $1 AND owner = $2`
 )
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
@@ -121,7 +144,12 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	for _, p := range []struct {
 		stmt  **sql.Stmt
 		query string
-	}{{&r.get, getSQL}, {&r.upsert, upsertSQL}, {&r.del, deleteSQL}, {&r.release, releaseSQL}} {
+	}{
+		{&r.get, getSQL},
+		{&r.upsert, fmt.Sprintf(upsertSQL, fmt.Sprintf(src.dialect.validTime, "students.created_at"))},
+		{&r.del, deleteSQL},
+		{&r.release, fmt.Sprintf(releaseSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
+	} {
 		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
 			r.Close()
 			return nil, fmt.Errorf("open registry %s: prepare statements: %w", src.display, err)
@@ -167,29 +195,117 @@ func (r *Registry) Close() error {
 // Ping reports whether the database answers.
 func (r *Registry) Ping(ctx context.Context) error { return r.db.PingContext(ctx) }
 
+// scanRecord reads one row. The columns are scanned as they come and decoded here, so
+// that a row another system wrote past the schema is an ErrMalformed naming its uid,
+// not a failed query.
 func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
-	var rec Record
-	var owner sql.NullString
-	var released sql.NullTime
-	err := row.Scan(&rec.UID, &rec.Namespace, &rec.Name, &rec.StudentName, &rec.School,
-		&owner, &rec.Generation, &rec.CreatedAt, &rec.UpdatedAt, &released)
-	if err != nil {
+	var v [10]any
+	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]); err != nil {
 		return Record{}, err
 	}
-	rec.Owner = owner.String
-	rec.CreatedAt = rec.CreatedAt.UTC()
-	rec.UpdatedAt = rec.UpdatedAt.UTC()
-	if released.Valid {
-		rec.ReleasedAt = released.Time.UTC()
+	var d decoder
+	rec := Record{
+		UID:         d.text(v[0], "uid", true),
+		Namespace:   d.text(v[1], "namespace", true),
+		Name:        d.text(v[2], "name", true),
+		StudentName: d.text(v[3], "student_name", false),
+		School:      d.text(v[4], "school", false),
+		Owner:       d.optionalText(v[5], "owner"),
+		Generation:  d.integer(v[6], "generation"),
+		CreatedAt:   d.time(v[7], "created_at", true),
+		UpdatedAt:   d.time(v[8], "updated_at", true),
+		ReleasedAt:  d.time(v[9], "released_at", false),
+	}
+	if len(d.problems) > 0 {
+		return rec, &malformedError{row: MalformedRow{UID: rec.UID, Problem: strings.Join(d.problems, "; ")}}
 	}
 	return rec, nil
 }
 
-// Get returns the row for uid, or ErrNotFound.
+// malformedError is ErrMalformed for one row.
+type malformedError struct{ row MalformedRow }
+
+func (e *malformedError) Error() string {
+	return fmt.Sprintf("row %q cannot be read: %s", e.row.UID, e.row.Problem)
+}
+
+func (e *malformedError) Unwrap() error { return ErrMalformed }
+
+// decoder turns the values database/sql hands over into a Record's fields, and notes
+// each one that does not fit.
+type decoder struct{ problems []string }
+
+func (d *decoder) text(v any, column string, nonEmpty bool) string {
+	switch v := v.(type) {
+	case string:
+		if nonEmpty && v == "" {
+			d.problems = append(d.problems, column+" is empty")
+		}
+		return v
+	case nil:
+		d.problems = append(d.problems, column+" is NULL")
+	default:
+		d.problems = append(d.problems, fmt.Sprintf("%s holds %s, not text", column, describe(v)))
+	}
+	return ""
+}
+
+func (d *decoder) optionalText(v any, column string) string {
+	if v == nil {
+		return ""
+	}
+	return d.text(v, column, false)
+}
+
+func (d *decoder) integer(v any, column string) int64 {
+	if n, ok := v.(int64); ok {
+		return n
+	}
+	d.problems = append(d.problems, fmt.Sprintf("%s holds %s, not an integer", column, describe(v)))
+	return 0
+}
+
+func (d *decoder) time(v any, column string, required bool) time.Time {
+	switch v := v.(type) {
+	case time.Time:
+		return v.UTC()
+	case nil:
+		if required {
+			d.problems = append(d.problems, column+" is NULL")
+		}
+	default:
+		d.problems = append(d.problems, fmt.Sprintf("%s holds %s, not a time", column, describe(v)))
+	}
+	return time.Time{}
+}
+
+// describe shows a stored value in a problem: strings quoted and cut short, since
+// they come from whoever wrote the row.
+func describe(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return "NULL"
+	case string:
+		if len(v) > 40 {
+			v = v[:40] + "..."
+		}
+		return strconv.Quote(v)
+	case []byte:
+		return fmt.Sprintf("a %d-byte blob", len(v))
+	default:
+		return fmt.Sprintf("%v (%T)", v, v)
+	}
+}
+
+// Get returns the row for uid, or ErrNotFound, or ErrMalformed when the row cannot be
+// read.
 func (r *Registry) Get(ctx context.Context, uid string) (Record, error) {
 	rec, err := scanRecord(r.get.QueryRowContext(ctx, uid))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, fmt.Errorf("uid %s: %w", uid, ErrNotFound)
+	}
+	if errors.Is(err, ErrMalformed) {
+		return Record{}, err
 	}
 	if err != nil {
 		return Record{}, fmt.Errorf("get row %s: %w", uid, err)
@@ -197,25 +313,32 @@ func (r *Registry) Get(ctx context.Context, uid string) (Record, error) {
 	return rec, nil
 }
 
-// List returns the rows that owner owns, by namespace and name.
-func (r *Registry) List(ctx context.Context, owner string) ([]Record, error) {
+// List returns the rows that owner owns, by namespace and name, and apart from them
+// the owned rows it cannot read: one such row does not keep the caller from the rest.
+func (r *Registry) List(ctx context.Context, owner string) ([]Record, []MalformedRow, error) {
 	rows, err := r.db.QueryContext(ctx, `SELECT `+columns+` FROM students WHERE owner = $1 ORDER BY namespace, name, uid`, owner)
 	if err != nil {
-		return nil, fmt.Errorf("list rows of %q: %w", owner, err)
+		return nil, nil, fmt.Errorf("list rows of %q: %w", owner, err)
 	}
 	defer rows.Close()
 	var out []Record
+	var malformed []MalformedRow
 	for rows.Next() {
 		rec, err := scanRecord(rows)
+		var bad *malformedError
+		if errors.As(err, &bad) {
+			malformed = append(malformed, bad.row)
+			continue
+		}
 		if err != nil {
-			return nil, fmt.Errorf("list rows of %q: %w", owner, err)
+			return nil, nil, fmt.Errorf("list rows of %q: %w", owner, err)
 		}
 		out = append(out, rec)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list rows of %q: %w", owner, err)
+		return nil, nil, fmt.Errorf("list rows of %q: %w", owner, err)
 	}
-	return out, nil
+	return out, malformed, nil
 }
 
 // Upsert writes rec as rec.Owner: it inserts the row, or updates it when rec.Owner
@@ -228,7 +351,7 @@ func (r *Registry) Upsert(ctx context.Context, rec Record) (Record, error) {
 	now := r.now().UTC()
 	stored := rec
 	err := r.upsert.QueryRowContext(ctx,
-		rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, now,
+		rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now,
 	).Scan(&stored.CreatedAt, &stored.UpdatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, r.notOwned(ctx, rec.UID)
@@ -253,16 +376,18 @@ func (r *Registry) Delete(ctx context.Context, uid, owner string) (bool, error) 
 	return r.changedOrAbsent(ctx, res, uid)
 }
 
-// Release gives up owner's claim on the row for uid: the row stays, with no owner, and
-// no controller changes it again. It reports whether a row was released: a missing row
-// is no error; a row with another owner, or already released, is ErrNotOwned.
-func (r *Registry) Release(ctx context.Context, uid, owner string) (bool, error) {
+// Release gives up rec.Owner's claim on the row for rec.UID: the row stays, with the
+// values of rec and no owner, and no controller changes it again. It reports whether a
+// row was released: a missing row is no error; a row with another owner, or already
+// released, is ErrNotOwned.
+func (r *Registry) Release(ctx context.Context, rec Record) (bool, error) {
 	now := r.now().UTC()
-	res, err := r.release.ExecContext(ctx, now, now, uid, owner)
+	res, err := r.release.ExecContext(ctx, rec.UID, rec.Owner,
+		rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Generation, now)
 	if err != nil {
-		return false, fmt.Errorf("release row %s: %w", uid, err)
+		return false, fmt.Errorf("release row %s: %w", rec.UID, err)
 	}
-	return r.changedOrAbsent(ctx, res, uid)
+	return r.changedOrAbsent(ctx, res, rec.UID)
 }
 
 func (r *Registry) changedOrAbsent(ctx context.Context, res sql.Result, uid string) (bool, error) {
@@ -283,10 +408,12 @@ func (r *Registry) changedOrAbsent(ctx context.Context, res sql.Result, uid stri
 // notOwned explains why a write guarded by owner changed nothing.
 func (r *Registry) notOwned(ctx context.Context, uid string) error {
 	rec, err := r.Get(ctx, uid)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrMalformed):
+		return fmt.Errorf("%w, and is not this owner's: %w", err, ErrNotOwned)
+	case err != nil:
 		return err
-	}
-	if rec.Owner == "" {
+	case rec.Owner == "":
 		return fmt.Errorf("row %s was released at %s: %w", uid, rec.ReleasedAt.Format(time.RFC3339), ErrNotOwned)
 	}
 	return fmt.Errorf("row %s is owned by %q: %w", uid, rec.Owner, ErrNotOwned)

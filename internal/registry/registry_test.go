@@ -198,7 +198,7 @@ func runSuite(t *testing.T, b backend) {
 		if deleted, err := r.Delete(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrNotOwned) || deleted {
 			t.Errorf("Delete of another owner's row: %v, %v, want ErrNotOwned", deleted, err)
 		}
-		if released, err := r.Release(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrNotOwned) || released {
+		if released, err := r.Release(ctx, mine); !errors.Is(err, registry.ErrNotOwned) || released {
 			t.Errorf("Release of another owner's row: %v, %v, want ErrNotOwned", released, err)
 		}
 		got, _ := r.Get(ctx, "u1")
@@ -230,15 +230,21 @@ func runSuite(t *testing.T, b backend) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if released, err := r.Release(ctx, "u1", "ctl"); err != nil || !released {
+		last := student("u1", "ctl")
+		last.School, last.Generation = "北京四中", 2
+		if released, err := r.Release(ctx, last); err != nil || !released {
 			t.Fatalf("Release: %v, %v, want true, nil", released, err)
 		}
 		got, err := r.Get(ctx, "u1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Owner != "" || got.ReleasedAt.IsZero() || got.StudentName != written.StudentName || got.School != written.School {
-			t.Errorf("released row: %+v", got)
+		// The released row keeps the Student's last spec, and when it was first written.
+		want := last
+		want.Owner, want.CreatedAt = "", written.CreatedAt
+		want.UpdatedAt, want.ReleasedAt = got.ReleasedAt, got.ReleasedAt
+		if diff := cmp.Diff(want, got); diff != "" || got.ReleasedAt.IsZero() {
+			t.Errorf("released row (-want +got):\n%s", diff)
 		}
 		// Released means no controller changes it again, its old owner included.
 		if _, err := r.Upsert(ctx, student("u1", "ctl")); !errors.Is(err, registry.ErrNotOwned) {
@@ -247,10 +253,10 @@ func runSuite(t *testing.T, b backend) {
 		if _, err := r.Delete(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrNotOwned) {
 			t.Errorf("Delete of a released row: %v, want ErrNotOwned", err)
 		}
-		if released, err := r.Release(ctx, "missing", "ctl"); err != nil || released {
+		if released, err := r.Release(ctx, student("missing", "ctl")); err != nil || released {
 			t.Errorf("Release of a missing row: %v, %v, want false, nil", released, err)
 		}
-		if rows, _ := r.List(ctx, "ctl"); len(rows) != 0 {
+		if rows, _, _ := r.List(ctx, "ctl"); len(rows) != 0 {
 			t.Errorf("List shows released rows: %+v", rows)
 		}
 	})
@@ -262,9 +268,9 @@ func runSuite(t *testing.T, b backend) {
 				t.Fatal(err)
 			}
 		}
-		rows, err := r.List(ctx, "ctl")
-		if err != nil {
-			t.Fatal(err)
+		rows, malformed, err := r.List(ctx, "ctl")
+		if err != nil || len(malformed) > 0 {
+			t.Fatal(malformed, err)
 		}
 		var uids []string
 		for _, row := range rows {
@@ -317,7 +323,7 @@ func runSuite(t *testing.T, b backend) {
 			t.Errorf("concurrent write: %v", err)
 		}
 		for i, r := range regs {
-			rows, err := r.List(ctx, fmt.Sprintf("ctl-%d", i))
+			rows, _, err := r.List(ctx, fmt.Sprintf("ctl-%d", i))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -358,6 +364,8 @@ func runSuite(t *testing.T, b backend) {
 			t.Errorf("Upsert after concurrent opens: %v", err)
 		}
 	})
+
+	t.Run("schema checks and malformed rows", func(t *testing.T) { testSchemaChecks(t, b) })
 
 	t.Run("unreachable database", func(t *testing.T) {
 		url := b.url(t)

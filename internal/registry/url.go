@@ -67,9 +67,12 @@ const sqliteBusyTimeout = 5 * time.Second
 
 // sqliteDSN opens the file in WAL mode with a busy timeout, so that other readers and
 // writers of the file work while the controller runs, and takes the write lock at the
-// start of a transaction rather than failing half way through it.
+// start of a transaction rather than failing half way through it. Times are written
+// in UTC in SQLite's own datetime() form, which its date functions read.
 func sqliteDSN(path string) string {
 	q := url.Values{}
+	q.Set("_time_format", "datetime")
+	q.Set("_timezone", "UTC")
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")

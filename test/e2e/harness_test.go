@@ -152,9 +152,9 @@ func (r *countingRegistry) Delete(ctx context.Context, uid, owner string) (bool,
 	return r.Registry.Delete(ctx, uid, owner)
 }
 
-func (r *countingRegistry) Release(ctx context.Context, uid, owner string) (bool, error) {
+func (r *countingRegistry) Release(ctx context.Context, rec registry.Record) (bool, error) {
 	r.writes.Add(1)
-	return r.Registry.Release(ctx, uid, owner)
+	return r.Registry.Release(ctx, rec)
 }
 
 // running is a controller running in this process, as main wires it, limited to one

@@ -46,11 +46,15 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 
+	rec := registry.Record{
+		UID: string(s.UID), Namespace: s.Namespace, Name: s.Name,
+		StudentName: s.Spec.Name, School: s.Spec.School, Owner: r.Owner, Generation: s.Generation,
+	}
 	if !s.DeletionTimestamp.IsZero() {
 		if controllerutil.ContainsFinalizer(&s, finalizer) {
 			var err error
 			if s.Spec.DeletionPolicy == studentv1.DeletionPolicyOrphan {
-				_, err = r.Registry.Release(ctx, string(s.UID), r.Owner)
+				_, err = r.Registry.Release(ctx, rec)
 			} else {
 				_, err = r.Registry.Delete(ctx, string(s.UID), r.Owner)
 			}
@@ -71,10 +75,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 
-	row, err := r.Registry.Upsert(ctx, registry.Record{
-		UID: string(s.UID), Namespace: s.Namespace, Name: s.Name,
-		StudentName: s.Spec.Name, School: s.Spec.School, Owner: r.Owner, Generation: s.Generation,
-	})
+	row, err := r.Registry.Upsert(ctx, rec)
 	cond := metav1.Condition{Type: studentv1.ConditionReady, Status: metav1.ConditionTrue, Reason: studentv1.ReasonSynced,
 		Message: "The registry row matches the spec", ObservedGeneration: s.Generation}
 	if err != nil {

@@ -1,0 +1,183 @@
+package registry_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/registrytest"
+)
+
+// rawDB connects to a registry's database as another program would.
+func rawDB(t *testing.T, b backend, url string) *sql.DB {
+	t.Helper()
+	driver, dsn := "pgx", url
+	if b.name == "sqlite" {
+		driver, dsn = "sqlite", "file:"+strings.TrimPrefix(url, "sqlite://")+"?_pragma=busy_timeout(5000)"
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// testSchemaChecks: the schema refuses rows the registry could not read, and the rows
+// that got in anyway (before the checks, or past them) are left out of List, reported
+// with their uid, and rewritten, released or deleted by their owner like any other.
+func testSchemaChecks(t *testing.T, b backend) {
+	ctx := context.Background()
+	url := b.url(t)
+	r := open(t, url, newFakeClock())
+	db := rawDB(t, b, url)
+
+	for what, insert := range registrytest.Refused(b.name) {
+		if _, err := db.ExecContext(ctx, insert); err == nil {
+			t.Errorf("the schema took a row with %s: %s", what, insert)
+		}
+	}
+
+	for _, uid := range []string{"good-1", "good-2"} {
+		if _, err := r.Upsert(ctx, student(uid, "ctl")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wrong, err := registrytest.WriteMalformed(ctx, db, b.name, "ctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	rows, malformed, err := r.List(ctx, "ctl")
+	if err != nil {
+		t.Fatalf("List with malformed rows: %v", err)
+	}
+	if len(rows) != 2 || rows[0].UID != "good-1" || rows[1].UID != "good-2" {
+		t.Errorf("List returned %+v, want the two good rows", rows)
+	}
+	reported := map[string]string{}
+	for _, m := range malformed {
+		reported[m.UID] = m.Problem
+	}
+	if len(reported) != len(wrong) {
+		t.Errorf("List reported malformed rows %v, want %d: %v", reported, len(wrong), wrong)
+	}
+	for uid, column := range wrong {
+		if !strings.Contains(reported[uid], column) {
+			t.Errorf("malformed row %q: problem %q does not name column %s", uid, reported[uid], column)
+		}
+	}
+
+	// The owner's writes repair what the checks would refuse: an upsert rewrites the
+	// row, a release keeps it readable, a delete deletes it.
+	var uids []string
+	for uid := range wrong {
+		if uid != "" {
+			uids = append(uids, uid)
+		}
+	}
+	slices.Sort(uids)
+	for i, uid := range uids {
+		if _, err := r.Get(ctx, uid); !errors.Is(err, registry.ErrMalformed) || !strings.Contains(err.Error(), uid) {
+			t.Errorf("Get(%s) = %v, want ErrMalformed naming the uid", uid, err)
+		}
+		rec := student(uid, "ctl")
+		switch i % 3 {
+		case 0:
+			if _, err := r.Upsert(ctx, rec); err != nil {
+				t.Errorf("Upsert over malformed row %s: %v", uid, err)
+			}
+			got, err := r.Get(ctx, uid)
+			if err != nil || got.StudentName != rec.StudentName || got.Generation != rec.Generation || got.CreatedAt.IsZero() {
+				t.Errorf("row %s after Upsert: %+v, %v", uid, got, err)
+			}
+		case 1:
+			if released, err := r.Release(ctx, rec); err != nil || !released {
+				t.Errorf("Release of malformed row %s: %v, %v", uid, released, err)
+			}
+			if got, err := r.Get(ctx, uid); err != nil || got.Owner != "" || got.ReleasedAt.IsZero() {
+				t.Errorf("row %s after Release: %+v, %v", uid, got, err)
+			}
+		case 2:
+			if deleted, err := r.Delete(ctx, uid, "ctl"); err != nil || !deleted {
+				t.Errorf("Delete of malformed row %s: %v, %v", uid, deleted, err)
+			}
+		}
+	}
+	// Another owner's malformed row stays as it is.
+	if _, err := r.Upsert(ctx, student("", "other")); err == nil {
+		t.Error("Upsert of an empty uid succeeded")
+	}
+}
+
+// TestSQLiteShellReadsTimes: the sqlite3 shell's date functions read every stored time
+// and they sort as text in time order, in a new registry and in one migrated from the
+// form the controller wrote before (Go's time.Time.String()).
+func TestSQLiteShellReadsTimes(t *testing.T) {
+	ctx := context.Background()
+	old := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", "file:"+old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema, err := os.ReadFile(filepath.Join("migrations", "sqlite", "0001_students.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{
+		string(schema),
+		`CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMP NOT NULL)`,
+		`INSERT INTO schema_migrations VALUES (1, '0001_students.sql', '2026-11-29 07:59:59.5 +0000 UTC')`,
+		// What the controller wrote until now, and what another program might have.
+		`INSERT INTO students VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1,
+			'2026-11-29 08:00:01.803903461 +0000 UTC', '2026-11-29 08:00:02 +0000 UTC', NULL)`,
+		`INSERT INTO students VALUES ('u2', 'default', 'b', 'B', 'S', NULL, 1,
+			'2026-11-29 09:00:03.25 +0100 CET', '2026-11-29T08:00:04Z', '2026-11-29 08:00:04')`,
+		`INSERT INTO students VALUES ('u3', 'default', 'c', 'C', 'S', 'ctl', 'three', 'sometime', '2026-11-29 08:00:05 +0000 UTC', NULL)`,
+	} {
+		if _, err := db.Exec(stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	db.Close()
+
+	r := open(t, "sqlite://"+old, newFakeClock())
+	if _, err := r.Upsert(ctx, student("u4", "ctl")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := registrytest.SQLite(ctx, old, `
+		SELECT uid, datetime(created_at), datetime(updated_at), coalesce(datetime(released_at), '-'),
+		       round((julianday(updated_at) - julianday(created_at)) * 86400)
+		FROM students ORDER BY updated_at;
+		SELECT version, datetime(applied_at) = applied_at FROM schema_migrations ORDER BY applied_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		"u1|2026-11-29 08:00:01|2026-11-29 08:00:02|-|1.0",
+		// Written now, by the fake clock: its first tick went to the migration.
+		"u4|2026-11-29 08:00:02|2026-11-29 08:00:02|-|0.0",
+		"u2|2026-11-29 08:00:03|2026-11-29 08:00:04|2026-11-29 08:00:04|1.0",
+		// Kept as it was: the registry reports it and does not read it.
+		"u3||2026-11-29 08:00:05|-|",
+		"1|1", "2|1",
+	}, "\n")
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("sqlite3 read (-want +got):\n%s", diff)
+	}
+	if rec, err := r.Get(ctx, "u2"); err != nil || !rec.CreatedAt.Equal(time.Date(2026, 11, 29, 8, 0, 3, 0, time.UTC)) {
+		t.Errorf("the registry reads the migrated row u2 as %+v, %v", rec, err)
+	}
+	if _, err := r.Get(ctx, "u3"); !errors.Is(err, registry.ErrMalformed) {
+		t.Errorf("Get(u3) = %v, want ErrMalformed", err)
+	}
+}
