@@ -26,7 +26,7 @@ verify: ## Fail when generated code is stale, code is unformatted or go vet comp
 	cd hack/tools/controlplane && go mod tidy -diff
 
 .PHONY: controlplane
-controlplane: ## Build kube-apiserver and etcd into bin/k8s (minutes the first time, then cached).
+controlplane: ## Build etcd, kube-apiserver and kube-controller-manager into bin/k8s (minutes the first time, then cached).
 	hack/build-controlplane.sh
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)

@@ -31,7 +31,6 @@ import (
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/metricsauth"
 	"github.com/student-controller/student-controller/internal/registry"
-	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
 // run builds every dependency, serves probes and metrics, and runs the controller
@@ -45,15 +44,6 @@ func run(ctx context.Context, opts options) error {
 		return fmt.Errorf("build client config: %w", err)
 	}
 	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
-	cfg.UserAgent = rest.DefaultKubernetesUserAgent() + " " + controller.Name
-	kubeClient, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("build Kubernetes client: %w", err)
-	}
-	studentClient, err := versioned.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("build Student client: %w", err)
-	}
 
 	password, err := opts.registryPassword()
 	if err != nil {
@@ -78,25 +68,28 @@ func run(ctx context.Context, opts options) error {
 	workqueue.SetProvider(controller.NewWorkqueueMetricsProvider(crmetrics.Registry))
 	metrics := controller.NewMetrics(crmetrics.Registry)
 
-	broadcaster, recorder := controller.NewEventRecorder(ctx, kubeClient.CoreV1())
-	defer broadcaster.Shutdown()
-	factory := controller.NewInformerFactory(studentClient, opts.namespace, opts.resyncPeriod)
 	rateLimiter := controller.DefaultRateLimiter()
 	if opts.rateLimiter == "client-go" {
 		rateLimiter = workqueue.DefaultTypedControllerRateLimiter[string]()
 	}
-	ctrl, err := controller.New(ctx, studentClient, factory.Bolingcavalry().V1().Students(), reg, recorder, controller.Config{
-		Owner:             opts.owner,
-		SweepInterval:     opts.sweepInterval,
-		SweepMaxDeletions: opts.sweepMaxDeletions,
-		SyncTimeout:       opts.syncTimeout,
-		RateLimiter:       rateLimiter,
-		SweepEventTarget:  podReference(),
-		Metrics:           metrics,
+	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
+		Namespace:    opts.namespace,
+		ResyncPeriod: opts.resyncPeriod,
+		Config: controller.Config{
+			Owner:             opts.owner,
+			SweepInterval:     opts.sweepInterval,
+			SweepMaxDeletions: opts.sweepMaxDeletions,
+			SyncTimeout:       opts.syncTimeout,
+			RateLimiter:       rateLimiter,
+			SweepEventTarget:  podReference(),
+			Metrics:           metrics,
+		},
 	})
 	if err != nil {
 		return err
 	}
+	defer wiring.Shutdown()
+	ctrl := wiring.Controller
 
 	var servers sync.WaitGroup
 	defer servers.Wait()
@@ -125,15 +118,12 @@ func run(ctx context.Context, opts options) error {
 		}
 	}
 
-	// Informers run on every replica, leader or not, so that a standby takes over with
-	// a warm cache and reports ready.
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	wiring.Start(ctx)
 
 	if !opts.leaderElect {
 		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
 	}
-	return runLeading(ctx, opts, kubeClient, recorder, watchdog, func(ctx context.Context) error {
+	return runLeading(ctx, opts, wiring.KubeClient, wiring.Recorder, watchdog, func(ctx context.Context) error {
 		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
 	})
 }

@@ -1,5 +1,5 @@
 // Command student-dev runs the whole system on one machine with no cluster: a real
-// kube-apiserver and etcd from bin/k8s, the Student CRD, the sample Students, and
+// etcd, kube-apiserver and kube-controller-manager from bin/k8s, the Student CRD, the sample Students, and
 // student-controller on a SQLite file, until Ctrl-C. `make run` builds and starts it.
 package main
 
@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,9 +56,10 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr st
 	kubeconfig := filepath.Join(state, "kubeconfig")
 	registryFile := filepath.Join(state, "student-registry.db")
 
-	say("Starting the local control plane (kube-apiserver and etcd from bin/k8s; data in %s)", state)
+	say("Starting the local control plane from bin/k8s: etcd, kube-apiserver, and kube-controller-manager running %s (data in %s)",
+		strings.Join(controlplane.Controllers, " and "), state)
 	env, err := controlplane.Start(controlplane.Options{
-		Root: root, EtcdDataDir: filepath.Join(state, "etcd"), Kubeconfig: kubeconfig,
+		Root: root, EtcdDataDir: filepath.Join(state, "etcd"), Kubeconfig: kubeconfig, LogDir: state,
 	})
 	if err != nil {
 		return err
@@ -69,7 +71,8 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr st
 			say("Stopped; the state stays in %s for the next run", state)
 		}
 	}()
-	say("Control plane up; the Student CRD is installed")
+	say("Control plane up (kube-controller-manager logs to %s); the Student CRD is installed",
+		filepath.Join(state, "kube-controller-manager.log"))
 
 	say("Applying the sample Students (config/samples)")
 	apply := exec.CommandContext(ctx, "kubectl", "--kubeconfig", kubeconfig, "apply", "-k", filepath.Join(root, "config", "samples"))

@@ -2,13 +2,16 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -19,6 +22,62 @@ import (
 	studentinformers "github.com/student-controller/student-controller/pkg/generated/informers/externalversions/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions/internalinterfaces"
 )
+
+// Wiring is a Controller with what it runs on: the clients, the Event recorder and
+// the informer factory. NewWiring is the one place that builds them, for the binary and
+// for the tests alike.
+type Wiring struct {
+	KubeClient kubernetes.Interface
+	Recorder   record.EventRecorder
+	Controller *Controller
+
+	factory     externalversions.SharedInformerFactory
+	broadcaster record.EventBroadcaster
+}
+
+// WiringOptions say what the Controller watches, on top of its Config.
+type WiringOptions struct {
+	// Namespace limits the Controller to one namespace; all when empty.
+	Namespace string
+	// ResyncPeriod replays every cached Student this often; 0 never.
+	ResyncPeriod time.Duration
+	Config       Config
+}
+
+// NewWiring builds the clients from restConfig (given the controller's user agent), the
+// Event recorder, the informer factory and the Controller over reg. It starts nothing
+// but the recorder: call Start, then Controller.Run, and Shutdown when done.
+func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts WiringOptions) (*Wiring, error) {
+	cfg := rest.CopyConfig(restConfig)
+	cfg.UserAgent = rest.DefaultKubernetesUserAgent() + " " + Name
+	kubeClient, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("build Kubernetes client: %w", err)
+	}
+	studentClient, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("build Student client: %w", err)
+	}
+	w := &Wiring{KubeClient: kubeClient, factory: NewInformerFactory(studentClient, opts.Namespace, opts.ResyncPeriod)}
+	w.broadcaster, w.Recorder = NewEventRecorder(ctx, kubeClient.CoreV1())
+	w.Controller, err = New(ctx, studentClient, w.factory.Bolingcavalry().V1().Students(), reg, w.Recorder, opts.Config)
+	if err != nil {
+		w.broadcaster.Shutdown()
+		return nil, err
+	}
+	return w, nil
+}
+
+// Start starts the informers. They run on every replica, leader or not, so that a
+// standby takes over with a warm cache.
+func (w *Wiring) Start(ctx context.Context) { w.factory.Start(ctx.Done()) }
+
+// Shutdown waits for the informers to stop (after Start's ctx is done) and stops the
+// Event recorder.
+func (w *Wiring) Shutdown() {
+	w.factory.Shutdown()
+	w.broadcaster.Shutdown()
+}
 
 // eventCacheSize is how many recent Events each of the event correlator's three
 // caches remembers (client-go's default is 4096). The correlator folds repeats of one

@@ -25,6 +25,7 @@ type Env struct {
 
 	env *envtest.Environment
 	dir string
+	kcm *process
 }
 
 // Options say where a control plane keeps its state. The zero value keeps it in
@@ -37,11 +38,13 @@ type Options struct {
 	EtcdDataDir string
 	// Kubeconfig is where to write the kubeconfig; a temporary file when empty.
 	Kubeconfig string
+	// LogDir is where kube-controller-manager's log goes; a temporary folder when empty.
+	LogDir string
 }
 
-// Start starts etcd and kube-apiserver from bin/k8s, installs the CRDs from
-// config/crd/bases and writes a kubeconfig. It never downloads anything: when the
-// binaries are missing it says how to build them. Call Stop when done.
+// Start starts etcd, kube-apiserver and kube-controller-manager from bin/k8s, installs
+// the CRDs from config/crd/bases and writes a kubeconfig. It never downloads anything:
+// when the binaries are missing it says how to build them. Call Stop when done.
 func Start(opts Options) (*Env, error) {
 	root := opts.Root
 	if root == "" {
@@ -51,7 +54,7 @@ func Start(opts Options) (*Env, error) {
 		}
 	}
 	assets := filepath.Join(root, "bin", "k8s")
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
+	for _, bin := range []string{"kube-apiserver", "etcd", "kube-controller-manager"} {
 		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
 			return nil, fmt.Errorf("control plane binary %s is missing (run `make controlplane` first): %w", bin, err)
 		}
@@ -85,8 +88,10 @@ func Start(opts Options) (*Env, error) {
 	e := &Env{Config: cfg, Root: root, env: env}
 
 	e.Kubeconfig = opts.Kubeconfig
+	if e.Kubeconfig == "" || opts.LogDir == "" {
+		e.dir, err = os.MkdirTemp("", "student-controller-controlplane-")
+	}
 	if e.Kubeconfig == "" {
-		e.dir, err = os.MkdirTemp("", "student-controller-kubeconfig-")
 		e.Kubeconfig = filepath.Join(e.dir, "kubeconfig")
 	}
 	if err == nil {
@@ -95,12 +100,23 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("write kubeconfig: %w", err), e.Stop())
 	}
+	logDir := opts.LogDir
+	if logDir == "" {
+		logDir = e.dir
+	}
+	if e.kcm, err = startControllerManager(filepath.Join(assets, "kube-controller-manager"), e.Kubeconfig, logDir); err != nil {
+		return nil, errors.Join(err, e.Stop())
+	}
 	return e, nil
 }
 
 // Stop stops the control plane and removes its temporary files.
 func (e *Env) Stop() error {
-	err := e.env.Stop()
+	var err error
+	if e.kcm != nil {
+		err = e.kcm.stop(10 * time.Second)
+	}
+	err = errors.Join(err, e.env.Stop())
 	if e.dir != "" {
 		err = errors.Join(err, os.RemoveAll(e.dir))
 	}

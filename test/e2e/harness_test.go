@@ -13,6 +13,7 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +28,6 @@ import (
 	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
-	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
 const owner = "e2e-controller"
@@ -157,11 +157,13 @@ func (r *countingRegistry) Release(ctx context.Context, rec registry.Record) (bo
 	return r.Registry.Release(ctx, rec)
 }
 
-// running is a controller running in this process, as main wires it, limited to one
-// namespace so that tests do not see each other's Students.
+// running is a controller running in this process, wired by controller.NewWiring as
+// the binary wires it, limited to one namespace so that tests do not see each other's
+// Students.
 type running struct {
 	requests *requestCounter
 	registry *countingRegistry
+	metrics  *prometheus.Registry
 	stop     func()
 }
 
@@ -179,26 +181,27 @@ func startController(t *testing.T, opts controllerOptions) *running {
 	counter := &requestCounter{counts: map[string]int{}}
 	cfg := rest.CopyConfig(controllerID.config)
 	cfg.WrapTransport = counter.wrap
-	kubeClient := kubernetes.NewForConfigOrDie(cfg)
-	studentClient := versioned.NewForConfigOrDie(cfg)
 
 	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	counting := &countingRegistry{Registry: reg}
-
-	broadcaster, recorder := controller.NewEventRecorder(ctx, kubeClient.CoreV1())
-	factory := controller.NewInformerFactory(studentClient, opts.namespace, opts.resync)
-	ctrl, err := controller.New(ctx, studentClient, factory.Bolingcavalry().V1().Students(), counting, recorder, controller.Config{
-		Owner: owner, SweepInterval: opts.sweepInterval, SweepMaxDeletions: 10,
+	metrics := prometheus.NewRegistry()
+	wiring, err := controller.NewWiring(ctx, cfg, counting, controller.WiringOptions{
+		Namespace:    opts.namespace,
+		ResyncPeriod: opts.resync,
+		Config: controller.Config{
+			Owner: owner, SweepInterval: opts.sweepInterval, SweepMaxDeletions: 10,
+			Metrics: controller.NewMetrics(metrics),
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	factory.Start(ctx.Done())
+	wiring.Start(ctx)
 	done := make(chan error, 1)
-	go func() { done <- ctrl.Run(ctx, 4) }()
+	go func() { done <- wiring.Controller.Run(ctx, 4) }()
 
 	var once sync.Once
 	stop := func() {
@@ -207,13 +210,12 @@ func startController(t *testing.T, opts controllerOptions) *running {
 			if err := <-done; err != nil {
 				t.Errorf("controller: %v", err)
 			}
-			factory.Shutdown()
-			broadcaster.Shutdown()
+			wiring.Shutdown()
 			reg.Close()
 		})
 	}
 	t.Cleanup(stop)
-	return &running{requests: counter, registry: counting, stop: stop}
+	return &running{requests: counter, registry: counting, metrics: metrics, stop: stop}
 }
 
 // rawDB opens the registry file directly, as another program would.

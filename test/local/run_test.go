@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	_ "modernc.org/sqlite"
 
 	"github.com/student-controller/student-controller/internal/controlplane"
@@ -75,7 +76,7 @@ func TestMakeRun(t *testing.T) {
 			if !ok {
 				t.Fatalf("make run ended before it was up: %v", <-exited)
 			}
-			if strings.Contains(line, "Starting the local control plane") {
+			if strings.Contains(line, "Starting the local control plane") && strings.Contains(line, "kube-controller-manager") {
 				sawStarting = true
 			}
 			if m := kubectlLine.FindStringSubmatch(line); m != nil {
@@ -93,7 +94,7 @@ func TestMakeRun(t *testing.T) {
 		}
 	}()
 	if !sawStarting {
-		t.Error("make run did not say what it was starting before it was up")
+		t.Error("make run did not say what it was starting (kube-controller-manager too) before it was up")
 	}
 	if !strings.HasPrefix(registryFile, state) || !strings.HasPrefix(kubeconfig, state) {
 		t.Errorf("kubeconfig %s and registry %s are not under the state folder %s", kubeconfig, registryFile, state)
@@ -138,6 +139,49 @@ func TestMakeRun(t *testing.T) {
 		if got[name] != display {
 			t.Errorf("registry row for %s: %q, want %q (rows %v)", name, got[name], display, got)
 		}
+	}
+
+	// Deleting a namespace with Students finishes, as in a cluster, each row handled per
+	// its Student's deletionPolicy.
+	kubectl := func(stdin string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("kubectl", append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	kubectl("", "create", "namespace", "cleanup")
+	kubectl(`
+apiVersion: bolingcavalry.k8s.io/v1
+kind: Student
+metadata: {name: goes, namespace: cleanup}
+spec: {name: "王五", school: "深圳中学"}
+---
+apiVersion: bolingcavalry.k8s.io/v1
+kind: Student
+metadata: {name: stays, namespace: cleanup}
+spec: {name: "赵六", school: "深圳中学", deletionPolicy: Orphan}
+`, "apply", "-f", "-")
+	kubectl("", "wait", "--for=condition=Ready", "stu", "--all", "-n", "cleanup", "--timeout=60s")
+	kubectl("", "delete", "namespace", "cleanup", "--timeout=2m")
+	left := map[string]string{}
+	rows, err = db.Query(`SELECT name, COALESCE(owner, '(released)') FROM students WHERE namespace = 'cleanup'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var name, owner string
+		if err := rows.Scan(&name, &owner); err != nil {
+			t.Fatal(err)
+		}
+		left[name] = owner
+	}
+	rows.Close()
+	if diff := cmp.Diff(map[string]string{"stays": "(released)"}, left); diff != "" {
+		t.Errorf("rows of the deleted namespace (-want +got):\n%s", diff)
 	}
 
 	kcfg, err := os.ReadFile(kubeconfig)
