@@ -181,3 +181,46 @@ func TestSQLiteShellReadsTimes(t *testing.T) {
 		t.Errorf("Get(u3) = %v, want ErrMalformed", err)
 	}
 }
+
+// TestPostgresShellReadsMigratedTimes: psql's date arithmetic reads the times of a
+// registry written at schema version 1 and then migrated, and of rows written since.
+func TestPostgresShellReadsMigratedTimes(t *testing.T) {
+	ctx := context.Background()
+	b := postgresBackend(t)
+	url := b.url(t)
+	db := rawDB(t, b, url)
+	schema, err := os.ReadFile(filepath.Join("migrations", "postgres", "0001_students.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{
+		string(schema),
+		`CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL)`,
+		`INSERT INTO schema_migrations VALUES (1, '0001_students.sql', '2026-11-29 07:59:59.5+00')`,
+		`INSERT INTO students VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1, '2026-11-29 08:00:01.8+00', '2026-11-29 09:00:02+01', NULL)`,
+	} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	r := open(t, url, newFakeClock())
+	if _, err := r.Upsert(ctx, student("u2", "ctl")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := registrytest.PSQL(ctx, url, `
+		SELECT uid, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),
+		       extract(epoch FROM date_trunc('second', updated_at) - date_trunc('second', created_at))
+		FROM students ORDER BY updated_at;
+		SELECT version, applied_at < now() FROM schema_migrations ORDER BY applied_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		"u1|2026-11-29 08:00:01|1.000000",
+		"u2|2026-11-29 08:00:02|0.000000",
+		"1|t", "2|t",
+	}, "\n")
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("psql read (-want +got):\n%s", diff)
+	}
+}

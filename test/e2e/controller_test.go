@@ -257,8 +257,8 @@ func testSweepRepairsDrift(t *testing.T, b backend) {
 	}
 
 	// Behind the controller's back: a row deleted, a row changed, an owned row whose
-	// Student never existed, and a row of another owner.
-	now := time.Now().UTC()
+	// Student never existed, and a row of another owner, with times in the table's form.
+	now := time.Now().UTC().Format(time.DateTime)
 	for _, stmt := range []struct {
 		query string
 		args  []any
