@@ -86,7 +86,7 @@ func run(n int, outDir, scratch string, phase time.Duration, inv investigation) 
 		return err
 	}
 
-	say("starting the control plane (bin/k8s)")
+	say("starting the control plane (bin/k8s: etcd, kube-apiserver, kube-controller-manager)")
 	env, err := controlplane.Start(controlplane.Options{Root: root})
 	if err != nil {
 		return err
