@@ -22,7 +22,7 @@ mkdir -p "${OUT}"
 rm -f "${OUT}/.stamp"
 log="${OUT}/build.log"
 echo "control plane: building etcd, kube-apiserver and kube-controller-manager ${KUBE_VERSION} from Go modules into ${OUT#"${ROOT}"/}"
-echo "control plane: the first build takes minutes (about 10 on 2 cores); later runs reuse it"
+echo "control plane: the first build takes minutes (about 6 to 10 on 2 cores); later runs reuse it"
 
 # The version the API server reports (kubectl version, /version) is stamped at link
 # time, as Kubernetes' own build does; otherwise it says v0.0.0-master.
