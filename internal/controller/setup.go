@@ -27,8 +27,11 @@ import (
 // the informer factory. NewWiring is the one place that builds them, for the binary and
 // for the tests alike.
 type Wiring struct {
+	// KubeClient reaches the built-in APIs (Events, the leader election Lease).
 	KubeClient kubernetes.Interface
-	Recorder   record.EventRecorder
+	// Recorder posts Events through KubeClient.
+	Recorder record.EventRecorder
+	// Controller is the Student controller, not yet running.
 	Controller *Controller
 
 	factory     externalversions.SharedInformerFactory
@@ -41,7 +44,8 @@ type WiringOptions struct {
 	Namespace string
 	// ResyncPeriod replays every cached Student this often; 0 never.
 	ResyncPeriod time.Duration
-	Config       Config
+	// Config tunes the Controller.
+	Config Config
 }
 
 // NewWiring builds the clients from restConfig (given the controller's user agent), the
