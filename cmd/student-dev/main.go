@@ -1,6 +1,7 @@
 // Command student-dev runs the whole system on one machine with no cluster: a real
-// etcd, kube-apiserver and kube-controller-manager from bin/k8s, the Student CRD, the sample Students, and
-// student-controller on a SQLite file, until Ctrl-C. `make run` builds and starts it.
+// etcd, kube-apiserver and kube-controller-manager from bin/k8s, the Student CRD, the
+// sample Students, and student-controller on a SQLite file, until Ctrl-C. `make run`
+// builds and starts it.
 package main
 
 import (
@@ -71,8 +72,7 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr st
 			say("Stopped; the state stays in %s for the next run", state)
 		}
 	}()
-	say("Control plane up (kube-controller-manager logs to %s); the Student CRD is installed",
-		filepath.Join(state, "kube-controller-manager.log"))
+	say("Control plane up (kube-controller-manager logs to %s); the Student CRD is installed", env.ControllerManagerLog())
 
 	say("Applying the sample Students (config/samples)")
 	apply := exec.CommandContext(ctx, "kubectl", "--kubeconfig", kubeconfig, "apply", "-k", filepath.Join(root, "config", "samples"))

@@ -110,6 +110,9 @@ func Start(opts Options) (*Env, error) {
 	return e, nil
 }
 
+// ControllerManagerLog is the path of kube-controller-manager's log.
+func (e *Env) ControllerManagerLog() string { return e.kcm.log }
+
 // Stop stops the control plane and removes its temporary files.
 func (e *Env) Stop() error {
 	var err error

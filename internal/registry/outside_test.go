@@ -129,25 +129,14 @@ func TestSQLiteShellReadsTimes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	schema, err := os.ReadFile(filepath.Join("migrations", "sqlite", "0001_students.sql"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, stmt := range []string{
-		string(schema),
-		`CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMP NOT NULL)`,
-		`INSERT INTO schema_migrations VALUES (1, '0001_students.sql', '2026-11-29 07:59:59.5 +0000 UTC')`,
+	atSchemaOne(t, db, "sqlite", "2026-11-29 07:59:59.5 +0000 UTC",
 		// What the controller wrote until now, and what another program might have.
 		`INSERT INTO students VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1,
 			'2026-11-29 08:00:01.803903461 +0000 UTC', '2026-11-29 08:00:02 +0000 UTC', NULL)`,
 		`INSERT INTO students VALUES ('u2', 'default', 'b', 'B', 'S', NULL, 1,
 			'2026-11-29 09:00:03.25 +0100 CET', '2026-11-29T08:00:04Z', '2026-11-29 08:00:04')`,
 		`INSERT INTO students VALUES ('u3', 'default', 'c', 'C', 'S', 'ctl', 'three', 'sometime', '2026-11-29 08:00:05 +0000 UTC', NULL)`,
-	} {
-		if _, err := db.Exec(stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
-		}
-	}
+	)
 	db.Close()
 
 	r := open(t, "sqlite://"+old, newFakeClock())
@@ -188,21 +177,8 @@ func TestPostgresShellReadsMigratedTimes(t *testing.T) {
 	ctx := context.Background()
 	b := postgresBackend(t)
 	url := b.url(t)
-	db := rawDB(t, b, url)
-	schema, err := os.ReadFile(filepath.Join("migrations", "postgres", "0001_students.sql"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, stmt := range []string{
-		string(schema),
-		`CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL)`,
-		`INSERT INTO schema_migrations VALUES (1, '0001_students.sql', '2026-11-29 07:59:59.5+00')`,
-		`INSERT INTO students VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1, '2026-11-29 08:00:01.8+00', '2026-11-29 09:00:02+01', NULL)`,
-	} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
-		}
-	}
+	atSchemaOne(t, rawDB(t, b, url), "postgres", "2026-11-29 07:59:59.5+00",
+		`INSERT INTO students VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1, '2026-11-29 08:00:01.8+00', '2026-11-29 09:00:02+01', NULL)`)
 	r := open(t, url, newFakeClock())
 	if _, err := r.Upsert(ctx, student("u2", "ctl")); err != nil {
 		t.Fatal(err)
@@ -222,5 +198,25 @@ func TestPostgresShellReadsMigratedTimes(t *testing.T) {
 	}, "\n")
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("psql read (-want +got):\n%s", diff)
+	}
+}
+
+// atSchemaOne makes db a registry as schema version 1 left it, recorded as applied at
+// appliedAt, holding the rows that inserts write.
+func atSchemaOne(t *testing.T, db *sql.DB, database, appliedAt string, inserts ...string) {
+	t.Helper()
+	schema, err := os.ReadFile(filepath.Join("migrations", database, "0001_students.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	timestamp := map[string]string{"sqlite": "TIMESTAMP", "postgres": "TIMESTAMPTZ"}[database]
+	for _, stmt := range append([]string{
+		string(schema),
+		`CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at ` + timestamp + ` NOT NULL)`,
+		`INSERT INTO schema_migrations VALUES (1, '0001_students.sql', '` + appliedAt + `')`,
+	}, inserts...) {
+		if _, err := db.Exec(stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
 	}
 }

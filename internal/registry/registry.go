@@ -217,7 +217,7 @@ func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
 		ReleasedAt:  d.time(v[9], "released_at", false),
 	}
 	if len(d.problems) > 0 {
-		return rec, &malformedError{row: MalformedRow{UID: rec.UID, Problem: strings.Join(d.problems, "; ")}}
+		return Record{}, &malformedError{row: MalformedRow{UID: rec.UID, Problem: strings.Join(d.problems, "; ")}}
 	}
 	return rec, nil
 }

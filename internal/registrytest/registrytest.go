@@ -23,49 +23,62 @@ func WriteMalformed(ctx context.Context, db *sql.DB, database, owner string) (ma
 		return nil, err
 	}
 	defer conn.Close()
-	var bypass []string
-	var rows map[string]string
+	if err := BypassChecks(ctx, conn, database); err != nil {
+		return nil, err
+	}
+	// Each row, by uid: the column it gets wrong and the values it holds.
+	type row struct{ column, values string }
+	var rows map[string]row
 	switch database {
 	case "sqlite":
-		bypass = []string{"PRAGMA ignore_check_constraints = ON"}
-		rows = map[string]string{
-			"bad-generation": `('bad-generation', 'default', 'a', 'A', 'S', $1, 'three', '` + storedTime + `', '` + storedTime + `', NULL)`,
-			"bad-time":       `('bad-time', 'default', 'b', 'B', 'S', $1, 1, 'sometime', '` + storedTime + `', NULL)`,
-			"bad-blob":       `('bad-blob', 'default', 'c', X'00ff', 'S', $1, 1, '` + storedTime + `', '` + storedTime + `', NULL)`,
-			"":               `('', 'default', 'd', 'D', 'S', $1, 1, '` + storedTime + `', '` + storedTime + `', NULL)`,
+		rows = map[string]row{
+			"bad-generation": {"generation", `('bad-generation', 'default', 'a', 'A', 'S', $1, 'three', '` + storedTime + `', '` + storedTime + `', NULL)`},
+			"bad-time":       {"created_at", `('bad-time', 'default', 'b', 'B', 'S', $1, 1, 'sometime', '` + storedTime + `', NULL)`},
+			"bad-blob":       {"student_name", `('bad-blob', 'default', 'c', X'00ff', 'S', $1, 1, '` + storedTime + `', '` + storedTime + `', NULL)`},
+			"":               {"uid", `('', 'default', 'd', 'D', 'S', $1, 1, '` + storedTime + `', '` + storedTime + `', NULL)`},
 		}
 	case "postgres":
-		bypass = []string{
-			"ALTER TABLE students DROP CONSTRAINT students_times_finite",
-			"ALTER TABLE students DROP CONSTRAINT students_uid_not_empty",
-			"ALTER TABLE students ALTER COLUMN school DROP NOT NULL",
-		}
-		rows = map[string]string{
-			"bad-time": `('bad-time', 'default', 'b', 'B', 'S', $1, 1, 'infinity', now(), NULL)`,
-			"bad-null": `('bad-null', 'default', 'c', 'C', NULL, $1, 1, now(), now(), NULL)`,
-			"":         `('', 'default', 'd', 'D', 'S', $1, 1, now(), now(), NULL)`,
-		}
-	default:
-		return nil, fmt.Errorf("no malformed rows for database %q", database)
-	}
-	for _, stmt := range bypass {
-		if _, err := conn.ExecContext(ctx, stmt); err != nil {
-			return nil, fmt.Errorf("%s: %w", stmt, err)
+		rows = map[string]row{
+			"bad-time": {"created_at", `('bad-time', 'default', 'b', 'B', 'S', $1, 1, 'infinity', now(), NULL)`},
+			"bad-null": {"school", `('bad-null', 'default', 'c', 'C', NULL, $1, 1, now(), now(), NULL)`},
+			"":         {"uid", `('', 'default', 'd', 'D', 'S', $1, 1, now(), now(), NULL)`},
 		}
 	}
 	wrong := map[string]string{}
-	for uid, values := range rows {
-		if _, err := conn.ExecContext(ctx, `INSERT INTO students VALUES `+values, owner); err != nil {
+	for uid, r := range rows {
+		if _, err := conn.ExecContext(ctx, `INSERT INTO students VALUES `+r.values, owner); err != nil {
 			return nil, fmt.Errorf("write malformed row %q: %w", uid, err)
 		}
-		wrong[uid] = map[string]string{
-			"bad-generation": "generation", "bad-time": "created_at", "bad-blob": "student_name", "bad-null": "school", "": "uid",
-		}[uid]
+		wrong[uid] = r.column
 	}
 	if database == "sqlite" {
 		_, err = conn.ExecContext(ctx, "PRAGMA ignore_check_constraints = OFF")
 	}
 	return wrong, err
+}
+
+// BypassChecks lets conn write what the schema's checks refuse, as a writer that goes
+// around them would: on SQLite it turns the checks off for conn (until it is closed or
+// they are turned on again); on PostgreSQL it drops, for good, the checks for finite
+// times and a non-empty uid, and school's NOT NULL.
+func BypassChecks(ctx context.Context, conn *sql.Conn, database string) error {
+	stmts := map[string][]string{
+		"sqlite": {"PRAGMA ignore_check_constraints = ON"},
+		"postgres": {
+			"ALTER TABLE students DROP CONSTRAINT IF EXISTS students_times_finite",
+			"ALTER TABLE students DROP CONSTRAINT IF EXISTS students_uid_not_empty",
+			"ALTER TABLE students ALTER COLUMN school DROP NOT NULL",
+		},
+	}[database]
+	if stmts == nil {
+		return fmt.Errorf("no way around the checks of database %q", database)
+	}
+	for _, stmt := range stmts {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("%s: %w", stmt, err)
+		}
+	}
+	return nil
 }
 
 // Refused are rows, one per problem, that the schema of database must refuse.
