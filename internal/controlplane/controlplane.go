@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -40,10 +41,14 @@ type Options struct {
 	Kubeconfig string
 	// LogDir is where kube-controller-manager's log goes; a temporary folder when empty.
 	LogDir string
+	// WithoutAdmissionPolicy leaves out config/admission, which Start installs
+	// otherwise, as config/default does in a cluster.
+	WithoutAdmissionPolicy bool
 }
 
 // Start starts etcd, kube-apiserver and kube-controller-manager from bin/k8s, installs
-// the CRDs from config/crd/bases and writes a kubeconfig. It never downloads anything:
+// the CRDs from config/crd/bases and the admission policy from config/admission, and
+// writes a kubeconfig. It never downloads anything:
 // when the binaries are missing it says how to build them. Call Stop when done.
 func Start(opts Options) (*Env, error) {
 	root := opts.Root
@@ -106,6 +111,11 @@ func Start(opts Options) (*Env, error) {
 	}
 	if e.kcm, err = startControllerManager(filepath.Join(assets, "kube-controller-manager"), e.Kubeconfig, logDir); err != nil {
 		return nil, errors.Join(err, e.Stop())
+	}
+	if !opts.WithoutAdmissionPolicy {
+		if err := e.InstallAdmissionPolicy(context.Background()); err != nil {
+			return nil, errors.Join(err, e.Stop())
+		}
 	}
 	return e, nil
 }

@@ -34,6 +34,8 @@ func TestDeployDryRun(t *testing.T) {
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "postgres"))
 	for _, want := range []string{
 		"customresourcedefinition.apiextensions.k8s.io/students.bolingcavalry.k8s.io",
+		"mutatingadmissionpolicy.admissionregistration.k8s.io/student-registry-row-finalizer",
+		"mutatingadmissionpolicybinding.admissionregistration.k8s.io/student-registry-row-finalizer",
 		"deployment.apps/student-controller",
 		"clusterrole.rbac.authorization.k8s.io/student-controller",
 		"role.rbac.authorization.k8s.io/student-controller-leader-election",

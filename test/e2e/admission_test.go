@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/controller"
+)
+
+// TestAdmissionPolicy: with config/admission's policy (as the harness installs it, as
+// config/default does) a new Student costs the controller exactly one Student write, its
+// status, and one row write; without it, two Student writes (the finalizer, then status).
+// Either way a user's own finalizers are kept, and Students deleted while the
+// controller is still catching up leave no row behind.
+func TestAdmissionPolicy(t *testing.T) {
+	t.Run("installed", func(t *testing.T) { testAdmissionPolicy(t, 1) })
+	t.Run("not installed", func(t *testing.T) {
+		ctx := context.Background()
+		if err := env.RemoveAdmissionPolicy(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := env.InstallAdmissionPolicy(ctx); err != nil {
+				t.Errorf("reinstall the admission policy: %v", err)
+			}
+		})
+		testAdmissionPolicy(t, 2)
+	})
+}
+
+func testAdmissionPolicy(t *testing.T, studentWrites int) {
+	const n = 30
+	ns := newNamespace(t)
+	url, db := backends()[0].newRegistry(t)
+	ctl := startController(t, controllerOptions{registryURL: url, namespace: ns})
+	ctx := context.Background()
+
+	// One of them with a user's own finalizer, to see it kept.
+	const userFinalizer = "example.com/keep"
+	kept := newStudent("kept", "深圳中学", "")
+	kept.Finalizers = []string{userFinalizer}
+	if _, err := students(ns).Create(ctx, kept, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createMany(t, ns, n-1, "s")
+	items := waitAllReady(t, ns, n, time.Minute)
+	assertRowsMatch(t, db, items)
+	for _, s := range items {
+		want := []string{controller.Finalizer}
+		if s.Name == "kept" {
+			want = []string{userFinalizer, controller.Finalizer}
+		}
+		if !slices.Equal(want, s.Finalizers) {
+			t.Errorf("%s: finalizers %v, want %v", s.Name, s.Finalizers, want)
+		}
+	}
+	writes := ctl.requests.writes()
+	if got := writes["PUT students"] + writes["PUT students/status"]; got != studentWrites*n {
+		t.Errorf("%d new Students cost %d Student writes, want %d each: %v", n, got, studentWrites, writes)
+	}
+	if got := ctl.registry.writes.Load(); got != n {
+		t.Errorf("%d new Students cost %d row writes, want one each", n, got)
+	}
+
+	// Students deleted at once, racing the controller, leave no row behind: the
+	// finalizer is on each before its row is written.
+	createMany(t, ns, 10, "gone")
+	for i := range 10 {
+		if err := students(ns).Delete(ctx, fmt.Sprintf("gone-%03d", i), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertRowsMatch(t, db, waitAllReady(t, ns, n, time.Minute))
+}
