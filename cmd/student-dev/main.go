@@ -72,7 +72,7 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr st
 			say("Stopped; the state stays in %s for the next run", state)
 		}
 	}()
-	say("Control plane up (kube-controller-manager logs to %s); the Student CRD is installed", env.ControllerManagerLog())
+	say("Control plane up (kube-controller-manager logs to %s); the Student CRD and the admission policy that adds its finalizer are installed", env.ControllerManagerLog())
 
 	say("Applying the sample Students (config/samples)")
 	apply := exec.CommandContext(ctx, "kubectl", "--kubeconfig", kubeconfig, "apply", "-k", filepath.Join(root, "config", "samples"))
