@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/student-controller/student-controller/internal/testproc"
 )
 
 // Controllers are the kube-controller-manager controllers the local control plane
@@ -73,10 +75,10 @@ func startControllerManager(bin, kubeconfig, logDir string) (*process, error) {
 		}
 		select {
 		case <-p.exited:
-			return nil, fmt.Errorf("kube-controller-manager exited at start (%v); its log %s ends:\n%s", p.err, p.log, tail(out, 20))
+			return nil, fmt.Errorf("kube-controller-manager exited at start (%v); its log %s ends:\n%s", p.err, p.log, testproc.Tail(out, 20))
 		case <-deadline:
 			return nil, errors.Join(fmt.Errorf("kube-controller-manager did not start %s within a minute; its log %s ends:\n%s",
-				strings.Join(Controllers, ", "), p.log, tail(out, 20)), p.stop(10*time.Second))
+				strings.Join(Controllers, ", "), p.log, testproc.Tail(out, 20)), p.stop(10*time.Second))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -98,9 +100,4 @@ func (p *process) stop(grace time.Duration) error {
 		<-p.exited
 		return fmt.Errorf("kube-controller-manager did not stop within %v; killed it", grace)
 	}
-}
-
-func tail(out []byte, lines int) string {
-	all := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
-	return strings.Join(all[max(0, len(all)-lines):], "\n")
 }

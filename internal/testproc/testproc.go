@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -56,4 +57,11 @@ func (o *Output) String() string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.b.String()
+}
+
+// Tail returns the last lines of out, for an error that shows where a process's log
+// ends.
+func Tail(out []byte, lines int) string {
+	all := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
 }

@@ -109,7 +109,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	}
 	defer obs.stop()
 
-	p, err := h.start(c, ns.Name, registryURL, "1")
+	p, err := h.start(ctx, c, ns.Name, registryURL, "1")
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +127,10 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		}
 		return countRows(registryFile, ns.Name)
 	}
-	r.Converged = waitUntil(h.phase-time.Since(start), func() bool { return obs.ready.Load() == int64(h.n) && rows() == h.n })
+	r.Converged, err = p.waitUntil(ctx, h.phase-time.Since(start), func() bool { return obs.ready.Load() == int64(h.n) && rows() == h.n })
+	if err != nil {
+		return nil, fmt.Errorf("converge: %w", err)
+	}
 	say("  %s: converged %v after %.1fs, %d Ready", c.name, r.Converged, time.Since(start).Seconds(), obs.ready.Load())
 	r.ConvergeSeconds = time.Since(start).Seconds()
 	r.ReadyAtCutoff = int(obs.ready.Load())
@@ -135,7 +138,9 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if !r.Converged && r.ReadyAtCutoff > 0 && r.ReadyAtCutoff < h.n {
 		r.ProjectedSeconds = r.ConvergeSeconds * float64(h.n) / float64(r.ReadyAtCutoff)
 	}
-	time.Sleep(3 * time.Second) // settle: status writes in flight land, memory steadies
+	if err := sleep(ctx, 3*time.Second); err != nil { // settle: status writes in flight land, memory steadies
+		return nil, err
+	}
 	r.Timeline = timeline()
 
 	counts, err := scrapeRequests(p.metricsAddr)
@@ -156,21 +161,28 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	r.ConvergeCPUSeconds = cpuSeconds(p.cmd.Process.Pid)
 	if h.hold > 0 {
 		say("  %s: holding %v for inspection: pid %d, metrics http://%s/metrics", c.name, h.hold, p.cmd.Process.Pid, p.metricsAddr)
-		time.Sleep(h.hold)
+		if err := sleep(ctx, h.hold); err != nil {
+			return nil, err
+		}
 	}
 
 	// Restart over N synced Students: time until it has synced them all, and its writes.
 	if r.Converged && c.reconciles != "" {
 		p.stop()
 		restarted := time.Now()
-		p, err = h.start(c, ns.Name, registryURL, "2")
+		p, err = h.start(ctx, c, ns.Name, registryURL, "2")
 		if err != nil {
 			return nil, err
 		}
 		defer p.kill()
-		r.RestartMeasured = waitUntil(h.phase, func() bool { return scrapeSum(p.metricsAddr, c.reconciles) >= float64(h.n) })
+		r.RestartMeasured, err = p.waitUntil(ctx, h.phase, func() bool { return scrapeSum(p.metricsAddr, c.reconciles) >= float64(h.n) })
+		if err != nil {
+			return nil, fmt.Errorf("restart: %w", err)
+		}
 		r.RestartSeconds = time.Since(restarted).Seconds()
-		time.Sleep(3 * time.Second)
+		if err := sleep(ctx, 3*time.Second); err != nil {
+			return nil, err
+		}
 		counts, err := scrapeRequests(p.metricsAddr)
 		if err != nil {
 			return nil, err
@@ -187,7 +199,10 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if err := h.deleteAll(ctx, ns.Name); err != nil {
 		return nil, err
 	}
-	r.DeleteDone = waitUntil(h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || countRows(registryFile, ns.Name) == 0) })
+	r.DeleteDone, err = p.waitUntil(ctx, h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || countRows(registryFile, ns.Name) == 0) })
+	if err != nil {
+		return nil, fmt.Errorf("delete: %w", err)
+	}
 	r.DeleteSeconds = time.Since(deleteStart).Seconds()
 	r.DeleteLeft = int(obs.count.Load())
 	p.stop()
@@ -338,10 +353,11 @@ func (o *observer) record(start time.Time) func() []point {
 type process struct {
 	cmd                    *exec.Cmd
 	metricsAddr, probeAddr string
+	log                    string
 	done                   chan struct{}
 }
 
-func (h *harness) start(c contender, ns, registryURL, run string) (*process, error) {
+func (h *harness) start(ctx context.Context, c contender, ns, registryURL, run string) (*process, error) {
 	p := &process{done: make(chan struct{})}
 	for _, addr := range []*string{&p.metricsAddr, &p.probeAddr} {
 		var err error
@@ -350,7 +366,8 @@ func (h *harness) start(c contender, ns, registryURL, run string) (*process, err
 		}
 	}
 	p.cmd = exec.Command(c.bin, append(c.args(h, ns, registryURL, p.metricsAddr, p.probeAddr), h.flags...)...)
-	log, err := os.Create(filepath.Join(h.scratch, c.name+"-"+run+".log"))
+	p.log = filepath.Join(h.scratch, c.name+"-"+run+".log")
+	log, err := os.Create(p.log)
 	if err != nil {
 		return nil, err
 	}
@@ -363,16 +380,19 @@ func (h *harness) start(c contender, ns, registryURL, run string) (*process, err
 		log.Close()
 		close(p.done)
 	}()
-	up := waitUntil(time.Minute, func() bool {
+	up, err := p.waitUntil(ctx, time.Minute, func() bool {
 		resp, err := http.Get("http://" + p.metricsAddr + "/metrics")
 		if err == nil {
 			resp.Body.Close()
 		}
 		return err == nil && resp.StatusCode == 200
 	})
-	if !up {
+	if err == nil && !up {
+		err = fmt.Errorf("%s did not come up within a minute; see %s", c.name, p.log)
+	}
+	if err != nil {
 		p.kill()
-		return nil, fmt.Errorf("%s did not come up; see %s", c.name, log.Name())
+		return nil, err
 	}
 	return p, nil
 }
@@ -395,16 +415,36 @@ func (p *process) kill() {
 	}
 }
 
-func waitUntil(timeout time.Duration, cond func() bool) bool {
+// waitUntil polls cond until it holds (true) or timeout passes (false). A contender
+// that exits meanwhile, or ctx ending (a signal to the bench), is an error: a phase never
+// waits out its timeout on a process that is gone.
+func (p *process) waitUntil(ctx context.Context, timeout time.Duration, cond func() bool) (bool, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		if cond() {
-			return true
+			return true, nil
 		}
 		if time.Now().After(deadline) {
-			return false
+			return false, nil
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-p.done:
+			out, _ := os.ReadFile(p.log)
+			return false, fmt.Errorf("%s exited (%v); its log %s ends:\n%s", filepath.Base(p.cmd.Path), p.cmd.ProcessState, p.log, testproc.Tail(out, 30))
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// sleep waits d, or less if ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }
 

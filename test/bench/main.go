@@ -11,9 +11,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -69,7 +71,10 @@ func run(n int, outDir, scratch string, phase time.Duration, inv investigation) 
 	if inv.only != "" && !slices.Contains(names, inv.only) {
 		return fmt.Errorf("no contender %q; there are %s", inv.only, strings.Join(names, ", "))
 	}
-	ctx := context.Background()
+	// A signal ends the run: the phase in progress returns, and the deferred stops take
+	// the contender and the control plane down with it.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	root, err := os.Getwd()
 	if err != nil {
 		return err

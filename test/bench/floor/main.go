@@ -1,11 +1,13 @@
 // Command floor is the benchmark's lower bound: a bare client that performs only the
 // API writes a controller must make per Student (add the finalizer, write a Ready
 // status), with no informer, no cache and no registry, at student-controller's client
-// settings and concurrency. It learns of new Students from one plain watch.
+// settings and concurrency. It lists the Students once, then learns of new ones from a
+// watch that client-go's RetryWatcher resumes whenever the API server ends it.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -16,9 +18,12 @@ import (
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/klog/v2"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -65,7 +70,15 @@ func run(kubeconfig, namespace, metricsAddr string, qps float64, burst, workers 
 		_ = http.ListenAndServe(metricsAddr, promhttp.HandlerFor(crmetrics.Registry, promhttp.HandlerOpts{}))
 	}()
 
-	w, err := students.Watch(ctx, metav1.ListOptions{})
+	list, err := students.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return students.Watch(ctx, opts)
+		},
+	})
 	if err != nil {
 		return err
 	}
@@ -83,24 +96,36 @@ func run(kubeconfig, namespace, metricsAddr string, qps float64, burst, workers 
 	}
 	defer wg.Wait()
 	defer close(work)
+	for i := range list.Items {
+		if s := &list.Items[i]; wants(watch.Added, s) {
+			work <- s
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case e, ok := <-w.ResultChan():
 			if !ok {
-				return nil
+				return errors.New("the watch of Students ended")
 			}
-			s, isStudent := e.Object.(*studentv1.Student)
-			if !isStudent {
-				continue
+			if e.Type == watch.Error {
+				return fmt.Errorf("watch of Students: %v", apierrors.FromObject(e.Object))
 			}
-			// New: add the finalizer and write status. Deleted: let it go.
-			if e.Type == watch.Added || (e.Type == watch.Modified && s.DeletionTimestamp != nil && slices.Contains(s.Finalizers, finalizer)) {
+			if s, isStudent := e.Object.(*studentv1.Student); isStudent && wants(e.Type, s) {
 				work <- s
 			}
 		}
 	}
+}
+
+// wants says whether an event needs a write: a new Student gets the finalizer and a
+// status, a deleted one lets it go.
+func wants(t watch.EventType, s *studentv1.Student) bool {
+	if s.DeletionTimestamp != nil {
+		return t != watch.Deleted && slices.Contains(s.Finalizers, finalizer)
+	}
+	return t == watch.Added
 }
 
 // handle makes the two writes of a new Student, the finalizer then the status, or the
