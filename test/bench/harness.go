@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	_ "modernc.org/sqlite"
 
+	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/testproc"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -39,6 +40,8 @@ type harness struct {
 	kubeconfig string
 	kube       kubernetes.Interface
 	students   versioned.Interface
+	// policy installs (true) or removes config/admission's policy.
+	policy func(ctx context.Context, installed bool) error
 	// flags are added to the contender's own, and hold keeps it running after its
 	// steady memory is measured: both for investigating one contender (-only).
 	flags []string
@@ -60,7 +63,9 @@ type result struct {
 	ConvergeSeconds  float64 `json:"convergeSeconds"`  // measured, or when cut off
 	ReadyAtCutoff    int     `json:"readyAtCutoff"`    // when not converged
 	ProjectedSeconds float64 `json:"projectedSeconds"` // converge time, measured or projected from the rate
-	RatioToFloor     float64 `json:"ratioToFloor"`
+	RatioToFloor     float64 `json:"ratioToFloor"`     // to the two-write floor
+	// RatioToStatusFloor is to the status-only floor (Students created with the finalizer).
+	RatioToStatusFloor float64 `json:"ratioToStatusFloor"`
 
 	RequestsPerStudent map[string]float64 `json:"requestsPerStudent"` // by HTTP method
 	// WritesPerStudent counts writes to Students (PUT, PATCH, DELETE); EventsPerStudent
@@ -96,6 +101,9 @@ func (r *result) summary() string {
 
 func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	r := &result{Name: c.name, Describe: c.describe, N: h.n}
+	if err := h.policy(ctx, c.policy); err != nil {
+		return nil, err
+	}
 	ns, err := h.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}, metav1.CreateOptions{})
 	if err != nil {
 		return nil, err
@@ -118,7 +126,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	// Converge: the loader creates N Students at high concurrency.
 	start := time.Now()
 	timeline := obs.record(start)
-	if err := h.load(ctx, ns.Name); err != nil {
+	if err := h.load(ctx, ns.Name, c.createdWithFinalizer); err != nil {
 		return nil, err
 	}
 	rows := func() int {
@@ -209,8 +217,13 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	return r, nil
 }
 
-// load creates N Students from 32 goroutines.
-func (h *harness) load(ctx context.Context, ns string) error {
+// load creates N Students from 32 goroutines, with the controller's finalizer already
+// on them when withFinalizer is set.
+func (h *harness) load(ctx context.Context, ns string, withFinalizer bool) error {
+	var finalizers []string
+	if withFinalizer {
+		finalizers = []string{controller.Finalizer}
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 32)
@@ -222,7 +235,7 @@ func (h *harness) load(ctx context.Context, ns string) error {
 					return
 				}
 				_, err := h.students.BolingcavalryV1().Students(ns).Create(ctx, &studentv1.Student{
-					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("s-%05d", i)},
+					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("s-%05d", i), Finalizers: finalizers},
 					Spec:       studentv1.StudentSpec{Name: fmt.Sprintf("学生 %d", i), School: "深圳中学"},
 				}, metav1.CreateOptions{})
 				if err != nil {

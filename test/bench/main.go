@@ -91,10 +91,9 @@ func run(n int, outDir, scratch string, phase time.Duration, inv investigation) 
 		return err
 	}
 
-	say("starting the control plane (bin/k8s: etcd, kube-apiserver, kube-controller-manager; no admission policy)")
-	// Without config/admission's policy: the floor and the contenders make the two writes
-	// per new Student that the committed results measure, until the bench measures the
-	// status-only floor and the contenders with the policy beside them.
+	say("starting the control plane (bin/k8s: etcd, kube-apiserver, kube-controller-manager)")
+	// The admission policy is installed for the contenders that ship with it, and
+	// removed for the others, before each one starts.
 	env, err := controlplane.Start(controlplane.Options{Root: root, WithoutAdmissionPolicy: true})
 	if err != nil {
 		return err
@@ -110,6 +109,12 @@ func run(n int, outDir, scratch string, phase time.Duration, inv investigation) 
 		kube:     kubernetes.NewForConfigOrDie(cfg),
 		students: versioned.NewForConfigOrDie(cfg),
 		flags:    inv.flags, hold: inv.hold,
+		policy: func(ctx context.Context, installed bool) error {
+			if installed {
+				return env.InstallAdmissionPolicy(ctx)
+			}
+			return env.RemoveAdmissionPolicy(ctx)
+		},
 	}
 	var results []*result
 	for _, c := range contenders(bins) {

@@ -31,15 +31,16 @@ func writeResults(dir string, n int, phase time.Duration, results []*result) err
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	var floor *result
+	floors := map[string]*result{}
 	for _, r := range results {
-		if r.Name == "floor" {
-			floor = r
-		}
+		floors[r.Name] = r
 	}
 	for _, r := range results {
-		if floor != nil && floor.ProjectedSeconds > 0 {
-			r.RatioToFloor = r.ProjectedSeconds / floor.ProjectedSeconds
+		if f := floors[floorTwoWrites]; f != nil && f.ProjectedSeconds > 0 {
+			r.RatioToFloor = r.ProjectedSeconds / f.ProjectedSeconds
+		}
+		if f := floors[floorStatusOnly]; f != nil && f.ProjectedSeconds > 0 {
+			r.RatioToStatusFloor = r.ProjectedSeconds / f.ProjectedSeconds
 		}
 	}
 	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), N: n, PhaseTimeout: phase.String(), Results: results}
@@ -86,8 +87,8 @@ func markdown(rep report) string {
 	fmt.Fprintf(&b, "Run %s on %s. Each contender in turn: a fresh namespace, an empty registry, the same loader "+
 		"(32 goroutines, no client rate limit) and the same control plane. A phase that runs past %s is cut off; "+
 		"its converge time is then projected from the rate reached (marked *projected*).\n\n", rep.Date, rep.Machine, rep.PhaseTimeout)
-	b.WriteString("| contender | converge (all Ready, rows present) | × floor | API requests / Student | Student writes / Student | Events / Student | CPU to converge | peak RSS | steady RSS | restart: time, writes | delete all |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| contender | converge (all Ready, rows present) | × floor | × status-only floor | API requests / Student | Student writes / Student | Events / Student | CPU to converge | peak RSS | steady RSS | restart: time, writes | delete all |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Results {
 		conv := fmt.Sprintf("%.1f s", r.ConvergeSeconds)
 		if !r.Converged {
@@ -96,7 +97,7 @@ func markdown(rep report) string {
 		restart := "–"
 		if r.RestartMeasured {
 			restart = fmt.Sprintf("%.1f s, %d", r.RestartSeconds, r.RestartWrites)
-		} else if r.Converged && r.Name != "floor" {
+		} else if r.Converged && r.Name != floorTwoWrites && r.Name != floorStatusOnly {
 			restart = fmt.Sprintf("not done in %.0f s", r.RestartSeconds)
 		}
 		del := fmt.Sprintf("%.1f s", r.DeleteSeconds)
@@ -107,8 +108,12 @@ func markdown(rep report) string {
 		if r.ConvergeCPUSeconds > 0 {
 			cpu = fmt.Sprintf("%.1f s", r.ConvergeCPUSeconds)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.2f | %s | %.2f | %.2f | %s | %.1f MiB | %.1f MiB | %s | %s |\n",
-			r.Name, conv, r.RatioToFloor, methods(r.RequestsPerStudent), r.WritesPerStudent, r.EventsPerStudent, cpu, r.PeakRSSMiB, r.SteadyRSSMiB, restart, del)
+		statusFloor := "–" // results from before it was measured
+		if r.RatioToStatusFloor > 0 {
+			statusFloor = fmt.Sprintf("%.2f", r.RatioToStatusFloor)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.2f | %s | %s | %.2f | %.2f | %s | %.1f MiB | %.1f MiB | %s | %s |\n",
+			r.Name, conv, r.RatioToFloor, statusFloor, methods(r.RequestsPerStudent), r.WritesPerStudent, r.EventsPerStudent, cpu, r.PeakRSSMiB, r.SteadyRSSMiB, restart, del)
 	}
 	b.WriteString("\nContenders:\n\n")
 	for _, r := range rep.Results {
@@ -128,8 +133,8 @@ func targets(rep report) string {
 	for _, r := range rep.Results {
 		by[r.Name] = r
 	}
-	sc, orig, peer, floor := by["student-controller"], by["original-settings"], by["controller-runtime"], by["floor"]
-	if sc == nil || orig == nil || peer == nil || floor == nil {
+	sc, noPolicy, orig, peer := by["student-controller"], by["student-controller-no-policy"], by["original-settings"], by["controller-runtime"]
+	if sc == nil || noPolicy == nil || orig == nil || peer == nil || by[floorTwoWrites] == nil || by[floorStatusOnly] == nil {
 		return ""
 	}
 	var b strings.Builder
@@ -143,12 +148,15 @@ func targets(rep report) string {
 	row := func(target, result string, met bool) {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", target, result, map[bool]string{true: "yes", false: "**no**"}[met])
 	}
-	row("converge within 1.3× the floor", fmt.Sprintf("%.2f×", sc.RatioToFloor), sc.Converged && sc.RatioToFloor <= 1.3)
+	row("as shipped: converge within 1.15× the status-only floor", fmt.Sprintf("%.2f×", sc.RatioToStatusFloor), sc.Converged && sc.RatioToStatusFloor <= 1.15)
+	row("as shipped: converge in at most 0.6× the two-write floor", fmt.Sprintf("%.2f×", sc.RatioToFloor), sc.Converged && sc.RatioToFloor <= 0.6)
+	row("as shipped: 1.00 Student writes per new Student", fmt.Sprintf("%.2f (and %.2f Events)", sc.WritesPerStudent, sc.EventsPerStudent), sc.WritesPerStudent <= 1.0)
+	row("as shipped: 0 writes on restart", fmt.Sprintf("%d", sc.RestartWrites), sc.RestartMeasured && sc.RestartWrites == 0)
+	row("without the policy: converge within 1.15× the two-write floor", fmt.Sprintf("%.2f×", noPolicy.RatioToFloor), noPolicy.Converged && noPolicy.RatioToFloor <= 1.15)
+	row("without the policy: 0 writes on restart", fmt.Sprintf("%d", noPolicy.RestartWrites), noPolicy.RestartMeasured && noPolicy.RestartWrites == 0)
 	speedup := orig.ProjectedSeconds / sc.ProjectedSeconds
 	row("at least 10× faster than the original settings", fmt.Sprintf("%.0f× (%s)", speedup, map[bool]string{true: "measured", false: "against the projected time"}[orig.Converged]), speedup >= 10)
 	row("faster than the controller-runtime peer", fmt.Sprintf("%.1f s against %.1f s (%.1f×)", sc.ProjectedSeconds, peer.ProjectedSeconds, peer.ProjectedSeconds/sc.ProjectedSeconds), sc.ProjectedSeconds < peer.ProjectedSeconds)
-	row("at most 2 API writes per new Student", fmt.Sprintf("%.2f Student writes (and %.2f Events)", sc.WritesPerStudent, sc.EventsPerStudent), sc.WritesPerStudent <= 2.0)
-	row("0 writes on restart", fmt.Sprintf("%d", sc.RestartWrites), sc.RestartMeasured && sc.RestartWrites == 0)
 	memRatio := sc.SteadyRSSMiB / peer.SteadyRSSMiB
 	row("steady memory at most 60% of the peer's", fmt.Sprintf("%.1f MiB against %.1f MiB (%.0f%%)", sc.SteadyRSSMiB, peer.SteadyRSSMiB, memRatio*100), memRatio <= 0.6)
 	switch line := 0.6 * peer.SteadyRSSMiB; {

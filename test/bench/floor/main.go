@@ -1,6 +1,6 @@
 // Command floor is the benchmark's lower bound: a bare client that performs only the
-// API writes a controller must make per Student (add the finalizer, write a Ready
-// status), with no informer, no cache and no registry, at student-controller's client
+// API writes a controller must make per Student (add the finalizer when it is missing,
+// write a Ready status), with no informer, no cache and no registry, at student-controller's client
 // settings and concurrency. It lists the Students once, then learns of new ones from a
 // watch that client-go's RetryWatcher resumes whenever the API server ends it.
 package main
@@ -128,8 +128,8 @@ func wants(t watch.EventType, s *studentv1.Student) bool {
 	return t == watch.Added
 }
 
-// handle makes the two writes of a new Student, the finalizer then the status, or the
-// one of a deleted Student, the finalizer's removal.
+// handle makes the writes of a new Student, the finalizer (unless it was created with
+// it) then the status, or the one of a deleted Student, the finalizer's removal.
 func handle(ctx context.Context, client versioned.Interface, s *studentv1.Student) error {
 	students := client.BolingcavalryV1().Students(s.Namespace)
 	s = s.DeepCopy()
@@ -138,16 +138,19 @@ func handle(ctx context.Context, client versioned.Interface, s *studentv1.Studen
 		_, err := students.Update(ctx, s, metav1.UpdateOptions{})
 		return err
 	}
-	s.Finalizers = append(s.Finalizers, finalizer)
-	updated, err := students.Update(ctx, s, metav1.UpdateOptions{})
-	if err != nil {
-		return err
+	updated := s
+	if !slices.Contains(s.Finalizers, finalizer) {
+		s.Finalizers = append(s.Finalizers, finalizer)
+		var err error
+		if updated, err = students.Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
 	}
 	updated.Status.ObservedGeneration = updated.Generation
 	updated.Status.Conditions = []metav1.Condition{{
 		Type: studentv1.ConditionReady, Status: metav1.ConditionTrue, Reason: studentv1.ReasonSynced,
 		ObservedGeneration: updated.Generation, LastTransitionTime: metav1.Now(), Message: "floor",
 	}}
-	_, err = students.UpdateStatus(ctx, updated, metav1.UpdateOptions{})
+	_, err := students.UpdateStatus(ctx, updated, metav1.UpdateOptions{})
 	return err
 }
