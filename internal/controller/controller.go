@@ -207,8 +207,9 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	if c.cfg.SweepInterval > 0 {
 		wg.Go(func() {
 			wait.JitterUntilWithContext(ctx, func(ctx context.Context) {
+				start := time.Now()
 				result, err := c.Sweep(ctx)
-				c.cfg.Metrics.observeSweep(result, err)
+				c.cfg.Metrics.observeSweep(result, err, time.Since(start))
 				if err != nil {
 					utilruntime.HandleErrorWithContext(ctx, err, "Sweep failed; the next one retries")
 				}

@@ -38,6 +38,7 @@ type fixture struct {
 	registry *registry.Registry
 	recorder *record.FakeRecorder
 	clock    *testingclock.FakeClock
+	metrics  *Metrics
 	ctrl     *Controller
 	// dbPath is the registry's SQLite file, for writes past the registry.
 	dbPath string
@@ -47,7 +48,7 @@ func newFixture(t *testing.T, students ...*studentv1.Student) *fixture {
 	t.Helper()
 	ctx := klog.NewContext(context.Background(), ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true))))
 	f := &fixture{t: t, ctx: ctx, clock: testingclock.NewFakeClock(start), recorder: record.NewFakeRecorder(100),
-		dbPath: filepath.Join(t.TempDir(), "registry.db")}
+		metrics: NewMetrics(nil), dbPath: filepath.Join(t.TempDir(), "registry.db")}
 	var err error
 	f.registry, err = registry.Open(ctx, "sqlite://"+f.dbPath, registry.Options{Now: f.clock.Now})
 	if err != nil {
@@ -60,7 +61,7 @@ func newFixture(t *testing.T, students ...*studentv1.Student) *fixture {
 	f.client = fake.NewSimpleClientset()
 	f.factory = NewInformerFactory(f.client, "", 0)
 	f.ctrl, err = New(ctx, f.client, f.factory.Bolingcavalry().V1().Students(), f.registry, f.recorder,
-		Config{Owner: owner, SweepMaxDeletions: 2, Clock: f.clock})
+		Config{Owner: owner, SweepMaxDeletions: 2, Clock: f.clock, Metrics: f.metrics})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -33,7 +34,7 @@ func TestSweepSkipsMalformedRows(t *testing.T) {
 
 	for sweep := range 2 {
 		got, err := f.ctrl.Sweep(f.ctx)
-		metrics.observeSweep(got, err)
+		metrics.observeSweep(got, err, time.Second)
 		if err != nil {
 			t.Fatalf("sweep %d: %v", sweep, err)
 		}

@@ -17,7 +17,9 @@ type Metrics struct {
 	reconcileTotal    *prometheus.CounterVec
 	reconcileDuration *prometheus.HistogramVec
 	registryDuration  *prometheus.HistogramVec
+	rowsWritten       *prometheus.CounterVec
 	sweepTotal        *prometheus.CounterVec
+	sweepDuration     prometheus.Histogram
 	sweepDeleted      prometheus.Counter
 	malformedRows     prometheus.Gauge
 }
@@ -47,10 +49,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, list) and result (ok, not_found, not_owned, malformed, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
+		rowsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "student_controller_registry_rows_written_total",
+			Help: "Registry rows written by syncs, by action: created (a new Student's first row), updated (spec changed, or the row was changed or unreadable), restored (the row had gone missing), deleted and released (the Student was deleted).",
+		}, []string{"action"}),
 		sweepTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "student_controller_sweep_total",
 			Help: "Registry sweeps, by outcome: clean, repaired (rows queued for repair or orphans deleted), refused (mass deletion past the bound), error.",
 		}, []string{"outcome"}),
+		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "student_controller_sweep_duration_seconds",
+			Help:    "Time one registry sweep took: listing the owned rows, comparing them with the cache, deleting orphans.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		}),
 		sweepDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "student_controller_sweep_deleted_rows_total",
 			Help: "Orphan registry rows deleted by sweeps.",
@@ -61,7 +72,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.sweepTotal, m.sweepDeleted, m.malformedRows)
+		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration, m.sweepDeleted, m.malformedRows)
 	}
 	return m
 }
@@ -74,10 +85,27 @@ func (m *Metrics) observeSync(result string, took time.Duration) {
 	m.reconcileDuration.WithLabelValues(result).Observe(took.Seconds())
 }
 
-func (m *Metrics) observeSweep(r SweepResult, err error) {
+// Actions on registry rows, the label of the rows-written metric.
+const (
+	rowCreated  = "created"
+	rowUpdated  = "updated"
+	rowRestored = "restored"
+	rowDeleted  = "deleted"
+	rowReleased = "released"
+)
+
+func (m *Metrics) observeRow(action string) {
 	if m == nil {
 		return
 	}
+	m.rowsWritten.WithLabelValues(action).Inc()
+}
+
+func (m *Metrics) observeSweep(r SweepResult, err error, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.sweepDuration.Observe(took.Seconds())
 	outcome := "clean"
 	switch {
 	case err != nil:

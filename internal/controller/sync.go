@@ -18,12 +18,13 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// Event reasons, for `kubectl describe` and `kubectl get events`.
+// Event reasons, for `kubectl describe` and `kubectl get events`. An Event is an API
+// request, so Normal Events are kept for what changes a Student's row after it was first
+// written; the routine first write and the final delete or release are in status, the
+// rows-written metric and the log (-v=2), and cost no request. Warnings are always sent.
 const (
-	EventRowCreated        = "RowCreated"
 	EventRowUpdated        = "RowUpdated"
-	EventRowDeleted        = "RowDeleted"
-	EventRowReleased       = "RowReleased"
+	EventRowRestored       = "RowRestored"
 	EventRegistryError     = "RegistryError"
 	EventRowOwnedElsewhere = "RowOwnedElsewhere"
 	EventInvalidSpec       = "InvalidSpec"
@@ -93,7 +94,7 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		return c.ownedElsewhere(ctx, s, fmt.Errorf("row %s: %w", row.UID, registry.ErrNotOwned))
 	}
 
-	event := ""
+	action := ""
 	if !exists || malformed || !sameRow(row, want) {
 		row, err = c.registry.Upsert(ctx, want)
 		if errors.Is(err, registry.ErrNotOwned) {
@@ -102,18 +103,27 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		if err != nil {
 			return c.registryFailed(ctx, s, err)
 		}
-		event = EventRowUpdated
-		if !exists || !sameRow(row, want) {
-			event = EventRowCreated
+		switch {
+		case exists:
+			action = rowUpdated
+		case s.Status.Registry != nil && s.Status.Registry.LastWrittenTime != nil:
+			// Status says a row was written before: it went missing.
+			action = rowRestored
+		default:
+			action = rowCreated
 		}
-		logger.V(2).Info("Wrote registry row", "event", event, "generation", row.Generation)
+		c.cfg.Metrics.observeRow(action)
+		logger.V(2).Info("Wrote registry row", "action", action, "generation", row.Generation)
 	}
 
 	if _, err := c.updateStatus(ctx, s, ready(), registryStatus(row)); err != nil {
 		return err
 	}
-	if event != "" {
-		c.recorder.Eventf(s, corev1.EventTypeNormal, event, "Registry row written: %s, %s", row.StudentName, row.School)
+	switch action {
+	case rowUpdated:
+		c.recorder.Eventf(s, corev1.EventTypeNormal, EventRowUpdated, "Registry row written: %s, %s", row.StudentName, row.School)
+	case rowRestored:
+		c.recorder.Eventf(s, corev1.EventTypeNormal, EventRowRestored, "Registry row was missing and is written again: %s, %s", row.StudentName, row.School)
 	}
 	return nil
 }
@@ -131,9 +141,9 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	uid := string(s.UID)
 	var done bool
 	var err error
-	event, verb := EventRowDeleted, "deleted"
+	action := rowDeleted
 	if s.Spec.DeletionPolicy == studentv1.DeletionPolicyOrphan {
-		event, verb = EventRowReleased, "released"
+		action = rowReleased
 		done, err = c.registry.Release(ctx, recordOf(c.cfg.Owner, s))
 	} else {
 		done, err = c.registry.Delete(ctx, uid, c.cfg.Owner)
@@ -145,8 +155,8 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	case err != nil:
 		return c.registryFailed(ctx, s, err)
 	case done:
-		logger.V(2).Info("Registry row gone from this controller", "action", verb)
-		c.recorder.Eventf(s, corev1.EventTypeNormal, event, "Registry row %s (deletionPolicy %s)", verb, policy(s))
+		c.cfg.Metrics.observeRow(action)
+		logger.V(2).Info("Registry row gone from this controller", "action", action, "deletionPolicy", policy(s))
 	}
 
 	s.Finalizers = slices.DeleteFunc(s.Finalizers, func(f string) bool { return f == Finalizer })
@@ -162,10 +172,15 @@ func (c *Controller) registryFailed(ctx context.Context, s *studentv1.Student, c
 	if s.DeletionTimestamp != nil {
 		msg = "Waiting for the registry to let the row go: " + cause.Error()
 	}
-	if _, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRegistryUnavailable, msg), s.Status.Registry); err != nil && !apierrors.IsNotFound(err) {
+	changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRegistryUnavailable, msg), s.Status.Registry)
+	if err != nil && !apierrors.IsNotFound(err) {
 		return errors.Join(cause, err)
 	}
-	c.recorder.Event(s, corev1.EventTypeWarning, EventRegistryError, msg)
+	if changed {
+		// Once per outage and Student: the retries with backoff that find status
+		// already saying so send nothing.
+		c.recorder.Event(s, corev1.EventTypeWarning, EventRegistryError, msg)
+	}
 	return fmt.Errorf("registry: %w", cause)
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
@@ -44,6 +45,7 @@ func TestSync(t *testing.T) {
 		wantFinalizer bool
 		wantWrites    []string
 		wantEvents    []string
+		wantRow       string // the action counted by the rows-written metric, if any
 	}{
 		"new student": {
 			student:       newStudent("a"),
@@ -51,7 +53,7 @@ func TestSync(t *testing.T) {
 			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, later},
 			wantFinalizer: true,
 			wantWrites:    []string{"update students", "update students/status"},
-			wantEvents:    []string{"Normal RowCreated"},
+			wantRow:       rowCreated, // status says it: no Event
 		},
 		"spec update": {
 			student: newStudent("a", withFinalizer, func(s *studentv1.Student) { s.Generation = 1 }, synced(start),
@@ -62,6 +64,7 @@ func TestSync(t *testing.T) {
 			wantFinalizer: true,
 			wantWrites:    []string{"update students/status"},
 			wantEvents:    []string{"Normal RowUpdated"},
+			wantRow:       rowUpdated,
 		},
 		"no-op resync": {
 			student:       newStudent("a", withFinalizer, synced(start)),
@@ -76,7 +79,8 @@ func TestSync(t *testing.T) {
 			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, later},
 			wantFinalizer: true,
 			wantWrites:    []string{"update students/status"},
-			wantEvents:    []string{"Normal RowCreated"},
+			wantEvents:    []string{"Normal RowRestored"},
+			wantRow:       rowRestored,
 		},
 		"row changed behind our back": {
 			student: newStudent("a", withFinalizer, synced(start)),
@@ -90,6 +94,7 @@ func TestSync(t *testing.T) {
 			wantFinalizer: true,
 			wantWrites:    []string{"update students/status"},
 			wantEvents:    []string{"Normal RowUpdated"},
+			wantRow:       rowUpdated,
 		},
 		"delete with policy Delete": {
 			student:    newStudent("a", withFinalizer, synced(start), deleting),
@@ -97,7 +102,7 @@ func TestSync(t *testing.T) {
 			wantRows:   map[string]row{},
 			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
 			wantWrites: []string{"update students"},
-			wantEvents: []string{"Normal RowDeleted"},
+			wantRow:    rowDeleted,
 		},
 		"delete with policy Orphan": {
 			student:    newStudent("a", orphan, withFinalizer, synced(start), deleting),
@@ -105,7 +110,7 @@ func TestSync(t *testing.T) {
 			wantRows:   map[string]row{}, // released: no owner, so in neither owner's list
 			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
 			wantWrites: []string{"update students"},
-			wantEvents: []string{"Normal RowReleased"},
+			wantRow:    rowReleased,
 		},
 		"delete of a student whose row is gone": {
 			student:    newStudent("a", withFinalizer, synced(start), deleting),
@@ -196,6 +201,15 @@ func TestSync(t *testing.T) {
 			if diff := cmp.Diff(tc.wantEvents, f.events()); diff != "" {
 				t.Errorf("events (-want +got):\n%s", diff)
 			}
+			for _, action := range []string{rowCreated, rowUpdated, rowRestored, rowDeleted, rowReleased} {
+				want := 0.0
+				if action == tc.wantRow {
+					want = 1
+				}
+				if got := testutil.ToFloat64(f.metrics.rowsWritten.WithLabelValues(action)); got != want {
+					t.Errorf("rows written with action %s: %v, want %v", action, got, want)
+				}
+			}
 			if !tc.down {
 				got := map[string]row{}
 				for uid, r := range f.rows() {
@@ -239,7 +253,8 @@ func TestSync(t *testing.T) {
 	}
 }
 
-// TestSyncWriteEconomy: a new Student costs two API writes and one registry write; the
+// TestSyncWriteEconomy: a new Student costs two API writes, one registry write and no
+// Event (without the admission policy: the controller adds the finalizer); the
 // syncs its own writes bring back, and any resync after, cost nothing.
 func TestSyncWriteEconomy(t *testing.T) {
 	f := newFixture(t, newStudent("a"))
@@ -265,8 +280,8 @@ func TestSyncWriteEconomy(t *testing.T) {
 			t.Errorf("resync %d rewrote the row at %v", i, got)
 		}
 	}
-	if got := f.events(); len(got) != 1 {
-		t.Errorf("events %v, want the one RowCreated", got)
+	if got := f.events(); len(got) != 0 {
+		t.Errorf("events %v, want none: a new Student's first row is reported in its status", got)
 	}
 }
 
@@ -354,5 +369,30 @@ func TestProcessNextWorkItem(t *testing.T) {
 				t.Errorf("retries %d, want %d", got, tc.wantRetries)
 			}
 		})
+	}
+}
+
+// TestRegistryErrorEventOnce: an outage gets one Warning per Student, not one per retry;
+// the retries that find the status already saying so write nothing and send nothing.
+func TestRegistryErrorEventOnce(t *testing.T) {
+	f := newFixture(t, newStudent("a", withFinalizer, synced(start)))
+	f.registry.Close()
+	key := "school/a"
+	for i := range 3 {
+		f.clock.Step(time.Minute)
+		if err := f.ctrl.sync(f.ctx, key); err == nil {
+			t.Fatalf("sync %d succeeded with the registry closed", i)
+		}
+		f.observe("school", "a") // the watch delivers the status written
+		wantEvents, wantWrites := []string(nil), []string(nil)
+		if i == 0 {
+			wantEvents, wantWrites = []string{"Warning RegistryError"}, []string{"update students/status"}
+		}
+		if diff := cmp.Diff(wantEvents, f.events()); diff != "" {
+			t.Errorf("sync %d: events (-want +got):\n%s", i, diff)
+		}
+		if diff := cmp.Diff(wantWrites, f.writes()); diff != "" {
+			t.Errorf("sync %d: API writes (-want +got):\n%s", i, diff)
+		}
 	}
 }

@@ -7,6 +7,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -31,7 +32,8 @@ func main() {
 	scratch := flag.String("scratch", "bench/scratch", "folder for binaries, registries and logs (not committed)")
 	phase := flag.Duration("phase-timeout", 0, "longest a phase (converge, restart, delete) may take before it is cut off and projected; default scales with N")
 	renderOnly := flag.String("render", "", "only rewrite the Markdown and chart of this results JSON")
-	only := flag.String("only", "", "run only this contender, for investigation (results are not written)")
+	pick := flag.String("contenders", "", "comma-separated contenders to run; default all, or at N above 30000 the scale run's: "+strings.Join(scaleRun, ", "))
+	only := flag.String("only", "", "run only this contender, or \"sweep\" for the sweep timings, for investigation (results are not written)")
 	flags := flag.String("flags", "", "with -only: more flags for the contender, e.g. --pprof-bind-address=127.0.0.1:6060")
 	hold := flag.Duration("hold", 0, "with -only: keep the contender running this long after measuring its steady memory, to inspect it")
 	flag.Parse()
@@ -50,7 +52,14 @@ func main() {
 		*phase = max(30*time.Second, time.Duration(*n)*36*time.Millisecond)
 	}
 	inv := investigation{only: *only, flags: strings.Fields(*flags), hold: *hold}
-	if err := run(*n, *out, *scratch, *phase, inv); err != nil {
+	var picked []string
+	switch {
+	case *pick != "":
+		picked = strings.Split(*pick, ",")
+	case *n > 3*targetN:
+		picked = scaleRun
+	}
+	if err := run(*n, *out, *scratch, *phase, picked, inv); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -63,11 +72,37 @@ type investigation struct {
 	hold  time.Duration
 }
 
-func run(n int, outDir, scratch string, phase time.Duration, inv investigation) error {
+// scaleRun are the contenders a scale run measures: its targets are set against the
+// status-only floor and the peer. The others' targets are set at N = 10000, and
+// skippedWhy says why each is left out.
+var scaleRun = []string{"student-controller", "controller-runtime", floorStatusOnly}
+
+var skippedWhy = map[string]string{
+	"student-controller-no-policy": "its targets are set at N = 10000; it makes student-controller's syncs plus the finalizer write per Student",
+	"original-settings": "its client limit (QPS 5, burst 10) sets its pace whatever N is, so a run here would only be cut off and " +
+		"projected as at N = 10000 (see there: at that rate N = 100000 take ten times as long)",
+	floorTwoWrites: "the targets at this N are against the status-only floor, the one write a controller makes with the policy",
+}
+
+func run(n int, outDir, scratch string, phase time.Duration, picked []string, inv investigation) error {
 	var names []string
 	for _, c := range contenders(binaries{}) {
 		names = append(names, c.name)
 	}
+	for _, name := range picked {
+		if !slices.Contains(names, name) {
+			return fmt.Errorf("no contender %q; there are %s", name, strings.Join(names, ", "))
+		}
+	}
+	var left []skipped
+	if len(picked) > 0 {
+		for _, name := range names {
+			if !slices.Contains(picked, name) {
+				left = append(left, skipped{Name: name, Why: cmp.Or(skippedWhy[name], "not picked (-contenders)")})
+			}
+		}
+	}
+	names = append(names, onlySweep)
 	if inv.only != "" && !slices.Contains(names, inv.only) {
 		return fmt.Errorf("no contender %q; there are %s", inv.only, strings.Join(names, ", "))
 	}
@@ -84,6 +119,10 @@ func run(n int, outDir, scratch string, phase time.Duration, inv investigation) 
 		return err
 	}
 	if err := os.MkdirAll(scratch, 0o755); err != nil {
+		return err
+	}
+	if inv.only == onlySweep { // the sweeps need no control plane
+		_, err := measureSweeps(ctx, n, scratch)
 		return err
 	}
 	bins, err := build(ctx, root, scratch)
@@ -118,7 +157,7 @@ func run(n int, outDir, scratch string, phase time.Duration, inv investigation) 
 	}
 	var results []*result
 	for _, c := range contenders(bins) {
-		if inv.only != "" && c.name != inv.only {
+		if inv.only != "" && c.name != inv.only || len(picked) > 0 && !slices.Contains(picked, c.name) {
 			continue
 		}
 		say("contender %s: %s", c.name, c.describe)
@@ -132,8 +171,16 @@ func run(n int, outDir, scratch string, phase time.Duration, inv investigation) 
 	if inv.only != "" {
 		return nil // a partial run is not a result
 	}
-	return writeResults(outDir, n, phase, results)
+	sweeps, err := measureSweeps(ctx, n, scratch)
+	if err != nil {
+		return err
+	}
+	return writeResults(outDir, n, phase, results, sweeps, left)
 }
+
+// onlySweep is the name -only takes to time the sweeps alone.
+const onlySweep = "sweep"
+
 
 func say(format string, args ...any) {
 	fmt.Printf("%s bench: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))

@@ -15,6 +15,7 @@ import (
 // TestAdmissionPolicy: with config/admission's policy (as the harness installs it, as
 // config/default does) a new Student costs the controller exactly one Student write, its
 // status, and one row write; without it, two Student writes (the finalizer, then status).
+// Neither path sends an Event for a new Student or a deleted one (README, Events).
 // Either way a user's own finalizers are kept, and Students deleted while the
 // controller is still catching up leave no row behind: with the policy at once, without
 // it once the sweep has run. (Without the policy, a delete that races the controller's
@@ -84,4 +85,9 @@ func testAdmissionPolicy(t *testing.T, studentWrites int, sweep time.Duration) {
 		})
 	}
 	assertRowsMatch(t, db, items)
+	// Events are sent in the background: by now, seconds after the first syncs, any
+	// would have been.
+	if got := ctl.requests.writes()["POST events"]; got != 0 {
+		t.Errorf("%d Events for Students created and deleted, want none: %v", got, ctl.requests.writes())
+	}
 }
