@@ -181,7 +181,6 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 // onlySweep is the name -only takes to time the sweeps alone.
 const onlySweep = "sweep"
 
-
 func say(format string, args ...any) {
 	fmt.Printf("%s bench: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
