@@ -68,6 +68,30 @@ type Config struct {
 	Clock clock.PassiveClock
 	// Metrics records syncs, registry latency and sweeps; nothing is recorded when nil.
 	Metrics *Metrics
+	// Leading, when set, says whether this replica may still write: an error once it
+	// cannot know that it holds the leader Lease (its last renewal is older than the
+	// renew deadline, as after a pause) or another replica leads. It is asked before
+	// every sync and every write, registry and API alike; a key it refuses waits in the
+	// queue. Unset, the controller always writes (no leader election).
+	Leading func() error
+}
+
+// ErrNotLeading is returned for work refused because this replica may not write.
+var ErrNotLeading = errors.New("not the leader")
+
+// notLeadingRetry is how long a key refused by Config.Leading waits before it is tried
+// again: by then this replica has renewed its Lease, or stood down.
+const notLeadingRetry = time.Second
+
+// mayWrite asks Config.Leading whether this replica may write now.
+func (c *Controller) mayWrite() error {
+	if c.cfg.Leading == nil {
+		return nil
+	}
+	if err := c.cfg.Leading(); err != nil {
+		return fmt.Errorf("%w: %v", ErrNotLeading, err)
+	}
+	return nil
 }
 
 // Controller keeps the student registry in line with the Student objects.
@@ -247,20 +271,31 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SyncTimeout)
 	defer cancel()
 	started := time.Now()
-	err := c.sync(syncCtx, key)
+	err := c.mayWrite()
+	if err == nil {
+		err = c.sync(syncCtx, key)
+	}
 
 	var term *terminalError
 	result := resultSuccess
 	switch {
 	case err == nil:
 		c.queue.Forget(key)
+	case errors.Is(err, ErrNotLeading):
+		// A paused leader that woke up, before it learns that it lost the Lease: it
+		// writes nothing until it renews, or stands down and exits.
+		result = resultNotLeading
+		c.queue.Forget(key)
+		c.queue.AddAfter(key, notLeadingRetry)
+		klog.FromContext(ctx).V(2).Info("Not writing; will retry", "student", key, "reason", err)
 	case errors.As(err, &term):
 		// Retrying cannot help; a change to the object brings it back.
 		result = resultTerminal
 		c.queue.Forget(key)
 		klog.FromContext(ctx).V(2).Info("Not retrying", "student", key, "reason", err)
-	case apierrors.IsConflict(err):
-		// The cache was behind the API server; the retry reads the newer object.
+	case apierrors.IsConflict(err), errors.Is(err, registry.ErrStale):
+		// The cache was behind the API server, or behind another writer of the row;
+		// the retry reads the newer object.
 		result = resultConflict
 		c.queue.AddRateLimited(key)
 		klog.FromContext(ctx).V(2).Info("Conflict; will retry", "student", key, "err", err)

@@ -30,6 +30,8 @@ const (
 	resultError    = "error"
 	resultConflict = "conflict"
 	resultTerminal = "terminal"
+	// resultNotLeading: refused before it started, by Config.Leading (retried).
+	resultNotLeading = "not_leading"
 )
 
 // NewMetrics creates the controller's metrics and registers them with reg.
@@ -37,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		reconcileTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "student_controller_reconcile_total",
-			Help: "Syncs of a Student, by result: success, error (retried with backoff), conflict (retried), terminal (not retried).",
+			Help: "Syncs of a Student, by result: success, error (retried with backoff), conflict (retried), terminal (not retried), not_leading (refused: this replica cannot know it leads; retried).",
 		}, []string{"result"}),
 		reconcileDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_reconcile_duration_seconds",

@@ -93,6 +93,10 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		c.queue.Add(key)
 	}
 
+	if err := c.mayWrite(); err != nil {
+		// The next leader's sweep does it, or this one's once it has renewed.
+		return result, fmt.Errorf("sweep: %w", err)
+	}
 	if len(plan.Orphans) > c.cfg.SweepMaxDeletions {
 		result.Refused = true
 		msg := fmt.Sprintf("Sweep refused to delete %d orphan registry rows: more than the bound of %d (--sweep-max-deletions). "+
@@ -107,6 +111,10 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 
 	var errs []error
 	for _, row := range plan.Orphans {
+		if err := c.mayWrite(); err != nil {
+			errs = append(errs, err)
+			break
+		}
 		deleted, err := c.registry.Delete(ctx, row.UID, c.cfg.Owner)
 		if err != nil && !errors.Is(err, registry.ErrNotOwned) {
 			errs = append(errs, err)

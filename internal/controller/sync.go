@@ -71,6 +71,9 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 	}
 
 	if !slices.Contains(s.Finalizers, Finalizer) {
+		if err := c.mayWrite(); err != nil {
+			return err
+		}
 		s.Finalizers = append(s.Finalizers, Finalizer)
 		updated, err := c.client.BolingcavalryV1().Students(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
 		if err != nil {
@@ -96,9 +99,17 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 
 	action := ""
 	if !exists || malformed || !sameRow(row, want) {
+		if err := c.mayWrite(); err != nil {
+			return err
+		}
 		row, err = c.registry.Upsert(ctx, want)
 		if errors.Is(err, registry.ErrNotOwned) {
 			return c.ownedElsewhere(ctx, s, err)
+		}
+		if errors.Is(err, registry.ErrStale) {
+			// This cache is behind a newer writer's: nothing to write, and the watch
+			// brings the newer Student.
+			return err
 		}
 		if err != nil {
 			return c.registryFailed(ctx, s, err)
@@ -139,6 +150,9 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	s := cached.DeepCopy()
 
 	uid := string(s.UID)
+	if err := c.mayWrite(); err != nil {
+		return err
+	}
 	var done bool
 	var err error
 	action := rowDeleted
@@ -149,6 +163,8 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 		done, err = c.registry.Delete(ctx, uid, c.cfg.Owner)
 	}
 	switch {
+	case errors.Is(err, registry.ErrStale):
+		return err // as in reconcile
 	case errors.Is(err, registry.ErrNotOwned):
 		// Not ours to touch: the Student may go, the row stays as its owner left it.
 		c.recorder.Eventf(s, corev1.EventTypeWarning, EventRowOwnedElsewhere, "Registry row left alone: %v", err)
@@ -160,6 +176,9 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	}
 
 	s.Finalizers = slices.DeleteFunc(s.Finalizers, func(f string) bool { return f == Finalizer })
+	if err := c.mayWrite(); err != nil {
+		return err
+	}
 	if _, err := c.client.BolingcavalryV1().Students(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}

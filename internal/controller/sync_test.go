@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -95,6 +96,20 @@ func TestSync(t *testing.T) {
 			wantWrites:    []string{"update students/status"},
 			wantEvents:    []string{"Normal RowUpdated"},
 			wantRow:       rowUpdated,
+		},
+		"cache behind a newer writer of the row": {
+			// A former leader that woke up late: its cache holds generation 1, the new
+			// leader has written generation 2. Nothing is written; the watch catches up.
+			student: newStudent("a", withFinalizer, synced(start)),
+			rows: []registry.Record{func() registry.Record {
+				r := recordOf(owner, newStudent("a"))
+				r.School, r.Generation = "北京四中", 2
+				return r
+			}()},
+			wantErr:       "retry",
+			wantRows:      map[string]row{"uid-a": {owner, "张三", "北京四中", 2, start}},
+			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantFinalizer: true,
 		},
 		"delete with policy Delete": {
 			student:    newStudent("a", withFinalizer, synced(start), deleting),
@@ -395,4 +410,81 @@ func TestRegistryErrorEventOnce(t *testing.T) {
 			t.Errorf("sync %d: API writes (-want +got):\n%s", i, diff)
 		}
 	}
+}
+
+// TestNotLeading: a replica that cannot know it still leads (Config.Leading refuses)
+// writes nothing, to the API or the registry, whatever the Student needs, and leaves
+// the key for later; once it may write again, the same sync does the work.
+func TestNotLeading(t *testing.T) {
+	tests := map[string]struct {
+		student *studentv1.Student
+		rows    []registry.Record
+		// then is what the sync writes once allowed.
+		then []string
+	}{
+		"new student":      {student: newStudent("a"), then: []string{"update students", "update students/status"}},
+		"row missing":      {student: newStudent("a", withFinalizer, synced(start)), then: []string{"update students/status"}},
+		"status behind":    {student: newStudent("a", withFinalizer), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"update students/status"}},
+		"deleting":         {student: newStudent("a", withFinalizer, synced(start), deleting), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"update students"}},
+		"deleting, orphan": {student: newStudent("a", orphan, withFinalizer, synced(start), deleting), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"update students"}},
+		"spec changed":     {student: newStudent("a", withFinalizer, synced(start), func(s *studentv1.Student) { s.Generation, s.Spec.School = 2, "北京四中" }), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"update students/status"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, tc.student)
+			for _, r := range tc.rows {
+				if _, err := f.registry.Upsert(f.ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.clock.SetTime(start.Add(time.Minute)) // rows written now differ from start's
+			before := f.rows()
+			var leading atomic.Bool
+			f.ctrl.cfg.Leading = func() error {
+				if !leading.Load() {
+					return errors.New("lease renewed 20s ago, past the renew deadline")
+				}
+				return nil
+			}
+			key := cache.MetaObjectToName(tc.student).String()
+			f.ctrl.queue.Add(key)
+			if !f.ctrl.processNextWorkItem(f.ctx) {
+				t.Fatal("the queue shut down")
+			}
+			if got := f.writes(); len(got) != 0 {
+				t.Errorf("API writes while not leading: %v", got)
+			}
+			if diff := cmp.Diff(before, f.rows()); diff != "" {
+				t.Errorf("registry rows changed while not leading (-before +after):\n%s", diff)
+			}
+			if got := f.events(); len(got) != 0 {
+				t.Errorf("Events while not leading: %v", got)
+			}
+			if err := f.ctrl.sync(f.ctx, key); !errors.Is(err, ErrNotLeading) {
+				t.Errorf("sync while not leading: %v, want ErrNotLeading", err)
+			}
+
+			leading.Store(true)
+			if err := f.ctrl.sync(f.ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.then, f.writes()); diff != "" {
+				t.Errorf("API writes once leading (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	t.Run("sweep", func(t *testing.T) {
+		f := newFixture(t)
+		if _, err := f.registry.Upsert(f.ctx, recordOf(owner, newStudent("gone"))); err != nil {
+			t.Fatal(err)
+		}
+		f.ctrl.cfg.Leading = func() error { return errors.New("another replica leads") }
+		if _, err := f.ctrl.Sweep(f.ctx); !errors.Is(err, ErrNotLeading) {
+			t.Errorf("sweep while not leading: %v, want ErrNotLeading", err)
+		}
+		if got := len(f.rows()); got != 1 {
+			t.Errorf("the sweep deleted the orphan row while not leading: %d rows left", got)
+		}
+	})
 }

@@ -15,6 +15,10 @@ type dialect struct {
 	// validTime is a condition, with %[1]s for a column, that holds when the column's
 	// time is one the registry can read: the upsert keeps created_at only then.
 	validTime string
+	// notNewer is a condition, with %[1]s for the stored generation and %[2]s for the
+	// one written, that holds when the write may go ahead: the stored generation is not
+	// newer, or cannot be read (a row written past the schema, which the write repairs).
+	notNewer string
 }
 
 var sqlite = &dialect{
@@ -23,6 +27,7 @@ var sqlite = &dialect{
 	migrations: "migrations/sqlite",
 	timestamp:  "TIMESTAMP",
 	validTime:  "%[1]s = datetime(%[1]s)",
+	notNewer:   "(typeof(%[1]s) <> 'integer' OR %[1]s <= %[2]s)",
 	// SQLite takes the file's write lock at BEGIN (the DSN's _txlock=immediate).
 }
 
@@ -32,6 +37,7 @@ var postgres = &dialect{
 	migrations: "migrations/postgres",
 	timestamp:  "TIMESTAMPTZ",
 	validTime:  "isfinite(%[1]s)",
+	notNewer:   "%[1]s <= %[2]s", // BIGINT NOT NULL: always readable
 	// A transaction-scoped advisory lock (the key spells "stud"): replicas that start
 	// at once migrate one after the other, and the later finds nothing left to do.
 	lockMigrations: "SELECT pg_advisory_xact_lock(1937011044)",

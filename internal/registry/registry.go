@@ -21,6 +21,10 @@ var (
 	// ErrMalformed: the row holds values the registry cannot read, written past the
 	// schema's checks or before them. Upsert rewrites such a row when it is the owner's.
 	ErrMalformed = errors.New("malformed registry row")
+	// ErrStale: the write carries an older generation of the Student than the row
+	// holds, from a writer whose cache is behind (a former leader that woke up late);
+	// the registry refuses it, so a row never goes back in generation.
+	ErrStale = errors.New("registry row holds a newer generation")
 )
 
 // Record is one row of the students table.
@@ -84,7 +88,9 @@ const columns = `uid, namespace, name, student_name, school, owner, generation, 
 // Statements of the hot path. $n placeholders: PostgreSQL's, and SQLite takes them too.
 // Writes set every column the schema checks, so that they also repair a row written
 // past the checks: created_at is kept only when it can be read (%[1]s is the dialect's
-// test of that), and an owned row is never a released one.
+// test of that), and an owned row is never a released one. Writes are monotonic in
+// generation (%[2]s is the dialect's test): one that carries an older generation than
+// the row holds changes nothing.
 const (
 	getSQL    = `SELECT ` + columns + ` FROM students WHERE uid = $1`
 	upsertSQL = `
@@ -99,7 +105,7 @@ const (
 			created_at = CASE WHEN %[1]s THEN students.created_at ELSE excluded.created_at END,
 			updated_at = excluded.updated_at,
 			released_at = NULL
-		WHERE students.owner = excluded.owner
+		WHERE students.owner = excluded.owner AND %[2]s
 		RETURNING created_at, updated_at`
 	deleteSQL = `DELETE FROM students WHERE uid = $1 AND owner = $2`
 	// A released row keeps the Student's last spec.
@@ -107,7 +113,7 @@ const (
 		UPDATE students SET namespace = $3, name = $4, student_name = $5, school = $6, generation = $7,
 			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END,
 			owner = NULL, released_at = $8, updated_at = $8
-		WHERE uid = $1 AND owner = $2`
+		WHERE uid = $1 AND owner = $2 AND %[2]s`
 )
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
@@ -146,9 +152,11 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		query string
 	}{
 		{&r.get, getSQL},
-		{&r.upsert, fmt.Sprintf(upsertSQL, fmt.Sprintf(src.dialect.validTime, "students.created_at"))},
+		{&r.upsert, fmt.Sprintf(upsertSQL, fmt.Sprintf(src.dialect.validTime, "students.created_at"),
+			fmt.Sprintf(src.dialect.notNewer, "students.generation", "excluded.generation"))},
 		{&r.del, deleteSQL},
-		{&r.release, fmt.Sprintf(releaseSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
+		{&r.release, fmt.Sprintf(releaseSQL, fmt.Sprintf(src.dialect.validTime, "created_at"),
+			fmt.Sprintf(src.dialect.notNewer, "generation", "$7"))},
 	} {
 		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
 			r.Close()
@@ -343,7 +351,8 @@ func (r *Registry) List(ctx context.Context, owner string) ([]Record, []Malforme
 
 // Upsert writes rec as rec.Owner: it inserts the row, or updates it when rec.Owner
 // owns it, and returns the row as stored. A row with another owner, or a released one,
-// is left alone and ErrNotOwned returned.
+// is left alone and ErrNotOwned returned; a row that holds a newer generation than
+// rec is left alone and ErrStale returned.
 func (r *Registry) Upsert(ctx context.Context, rec Record) (Record, error) {
 	if rec.UID == "" || rec.Owner == "" {
 		return Record{}, fmt.Errorf("upsert row: uid and owner are required (uid %q, owner %q)", rec.UID, rec.Owner)
@@ -354,7 +363,7 @@ func (r *Registry) Upsert(ctx context.Context, rec Record) (Record, error) {
 		rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now,
 	).Scan(&stored.CreatedAt, &stored.UpdatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Record{}, r.notOwned(ctx, rec.UID)
+		return Record{}, r.notWritten(ctx, rec)
 	}
 	if err != nil {
 		return Record{}, fmt.Errorf("upsert row %s: %w", rec.UID, err)
@@ -373,13 +382,13 @@ func (r *Registry) Delete(ctx context.Context, uid, owner string) (bool, error) 
 	if err != nil {
 		return false, fmt.Errorf("delete row %s: %w", uid, err)
 	}
-	return r.changedOrAbsent(ctx, res, uid)
+	return r.changedOrAbsent(ctx, res, Record{UID: uid, Owner: owner})
 }
 
 // Release gives up rec.Owner's claim on the row for rec.UID: the row stays, with the
 // values of rec and no owner, and no controller changes it again. It reports whether a
 // row was released: a missing row is no error; a row with another owner, or already
-// released, is ErrNotOwned.
+// released, is ErrNotOwned; a row that holds a newer generation than rec is ErrStale.
 func (r *Registry) Release(ctx context.Context, rec Record) (bool, error) {
 	now := r.now().UTC()
 	res, err := r.release.ExecContext(ctx, rec.UID, rec.Owner,
@@ -387,26 +396,29 @@ func (r *Registry) Release(ctx context.Context, rec Record) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("release row %s: %w", rec.UID, err)
 	}
-	return r.changedOrAbsent(ctx, res, rec.UID)
+	return r.changedOrAbsent(ctx, res, rec)
 }
 
-func (r *Registry) changedOrAbsent(ctx context.Context, res sql.Result, uid string) (bool, error) {
+// changedOrAbsent reports whether a delete or release of rec changed a row: a missing
+// row is no error, anything else that stopped it is (see notWritten).
+func (r *Registry) changedOrAbsent(ctx context.Context, res sql.Result, rec Record) (bool, error) {
 	n, err := res.RowsAffected()
 	if err != nil {
-		return false, fmt.Errorf("row %s: %w", uid, err)
+		return false, fmt.Errorf("row %s: %w", rec.UID, err)
 	}
 	if n > 0 {
 		return true, nil
 	}
-	err = r.notOwned(ctx, uid)
+	err = r.notWritten(ctx, rec)
 	if errors.Is(err, ErrNotFound) {
 		return false, nil
 	}
 	return false, err
 }
 
-// notOwned explains why a write guarded by owner changed nothing.
-func (r *Registry) notOwned(ctx context.Context, uid string) error {
+// notWritten explains why a write guarded by owner and generation changed nothing.
+func (r *Registry) notWritten(ctx context.Context, want Record) error {
+	uid := want.UID
 	rec, err := r.Get(ctx, uid)
 	switch {
 	case errors.Is(err, ErrMalformed):
@@ -415,6 +427,11 @@ func (r *Registry) notOwned(ctx context.Context, uid string) error {
 		return err
 	case rec.Owner == "":
 		return fmt.Errorf("row %s was released at %s: %w", uid, rec.ReleasedAt.Format(time.RFC3339), ErrNotOwned)
+	case rec.Owner != want.Owner:
+		return fmt.Errorf("row %s is owned by %q: %w", uid, rec.Owner, ErrNotOwned)
+	case rec.Generation > want.Generation:
+		return fmt.Errorf("row %s holds generation %d, the write %d: %w", uid, rec.Generation, want.Generation, ErrStale)
 	}
-	return fmt.Errorf("row %s is owned by %q: %w", uid, rec.Owner, ErrNotOwned)
+	// Changed in between (the row came back, or its generation moved): the caller retries.
+	return fmt.Errorf("row %s changed while it was written; try again", uid)
 }

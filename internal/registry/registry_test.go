@@ -184,6 +184,65 @@ func runSuite(t *testing.T, b backend) {
 		}
 	})
 
+	t.Run("a row never goes back in generation", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		at := func(gen int64, school string) registry.Record {
+			rec := student("u1", "ctl")
+			rec.Generation, rec.School = gen, school
+			return rec
+		}
+		if _, err := r.Upsert(ctx, at(3, "北京四中")); err != nil {
+			t.Fatal(err)
+		}
+		// A former leader's stale sync, and its stale release: refused, row kept.
+		if _, err := r.Upsert(ctx, at(2, "深圳中学")); !errors.Is(err, registry.ErrStale) {
+			t.Errorf("Upsert of generation 2 over 3: %v, want ErrStale", err)
+		}
+		if released, err := r.Release(ctx, at(1, "深圳中学")); !errors.Is(err, registry.ErrStale) || released {
+			t.Errorf("Release of generation 1 over 3: %v, %v, want ErrStale", released, err)
+		}
+		if got, _ := r.Get(ctx, "u1"); got.Generation != 3 || got.School != "北京四中" || got.Owner != "ctl" {
+			t.Errorf("row after stale writes: %+v, want generation 3 as written", got)
+		}
+		// The same generation again (a repair) and a newer one go ahead.
+		if _, err := r.Upsert(ctx, at(3, "北京四中")); err != nil {
+			t.Errorf("rewrite at the same generation: %v", err)
+		}
+		if _, err := r.Upsert(ctx, at(4, "上海中学")); err != nil {
+			t.Errorf("write of a newer generation: %v", err)
+		}
+
+		// Writers racing with every generation from 5 to 40, in no order: the row only
+		// ever moves forward, and ends at the newest.
+		var wg sync.WaitGroup
+		for g := int64(40); g >= 5; g-- {
+			wg.Go(func() {
+				if _, err := r.Upsert(ctx, at(g, fmt.Sprintf("school %d", g))); err != nil && !errors.Is(err, registry.ErrStale) {
+					t.Errorf("generation %d: %v", g, err)
+				}
+			})
+		}
+		var seen []int64
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		for watching := true; watching; {
+			select {
+			case <-done:
+				watching = false
+			default:
+			}
+			if got, err := r.Get(ctx, "u1"); err == nil {
+				if n := len(seen); n > 0 && got.Generation < seen[n-1] {
+					t.Errorf("the row went back from generation %d to %d", seen[n-1], got.Generation)
+				}
+				seen = append(seen, got.Generation)
+			}
+		}
+		if got, _ := r.Get(ctx, "u1"); got.Generation != 40 || got.School != "school 40" {
+			t.Errorf("row after the race: generation %d, school %q; want 40, school 40", got.Generation, got.School)
+		}
+	})
+
 	t.Run("other owners are never changed", func(t *testing.T) {
 		r := open(t, b.url(t), newFakeClock())
 		theirs, err := r.Upsert(ctx, student("u1", "someone-else"))

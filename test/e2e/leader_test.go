@@ -127,3 +127,76 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestPausedLeader: the leader paused (SIGSTOP) past its Lease, as a frozen VM or a long
+// stall does, is replaced by the standby, which handles the Students changed, created
+// and deleted during the pause. When the old leader resumes (SIGCONT) its cache is as
+// old as the pause and its watch replays what it missed; it must write nothing, to the
+// API or the registry, and stand down. It stops writing as soon as its last renewal is
+// older than the renew deadline, before client-go's elector has noticed anything.
+func TestPausedLeader(t *testing.T) {
+	ns := newNamespace(t)
+	path := filepath.Join(t.TempDir(), "registry.db")
+	leaseName := "student-controller-" + ns
+	const leaseDuration = 4 * time.Second
+	args := []string{
+		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+		"--registry", "sqlite://" + path, "--registry-owner", owner,
+		"--leader-elect", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", leaseName,
+		"--leader-elect-lease-duration", leaseDuration.String(), "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
+		"-v=7", // every request is logged before it is sent
+	}
+	a := startProcess(t, "replica-a", args...)
+	holder := waitLeader(t, leaseName, "")
+	b := startProcess(t, "replica-b", args...)
+	waitFor(t, 30*time.Second, "replica b to be ready as a standby", func() bool {
+		code, _, _ := get("http://" + b.probeAddr + "/readyz")
+		return code == 200
+	})
+	createMany(t, ns, 20, "s")
+	waitAllReady(t, ns, 20, time.Minute)
+
+	a.signal(syscall.SIGSTOP)
+	paused := time.Now()
+	ctx := context.Background()
+	for i := range 10 {
+		s, err := students(ns).Get(ctx, fmt.Sprintf("s-%03d", i), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Spec.School = "北京四中"
+		if _, err := students(ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 10; i < 15; i++ {
+		if err := students(ns).Delete(ctx, fmt.Sprintf("s-%03d", i), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	createMany(t, ns, 10, "paused")
+	waitLeader(t, leaseName, holder)
+	items := waitAllReady(t, ns, 25, time.Minute)
+	if wait := leaseDuration + time.Second - time.Since(paused); wait > 0 {
+		time.Sleep(wait)
+	}
+
+	resumedAt := len(a.logs.String())
+	a.signal(syscall.SIGCONT)
+	if err := a.wait(30 * time.Second); err == nil {
+		t.Errorf("the resumed former leader exited 0, want an error: it lost the Lease")
+	}
+	var refused int
+	for _, line := range strings.Split(a.logs.String()[resumedAt:], "\n") {
+		request := strings.Contains(line, `"Request"`) && !strings.Contains(line, `verb="GET"`) &&
+			(strings.Contains(line, "/students") || strings.Contains(line, "/namespaces/"+ns+"/events"))
+		if request || strings.Contains(line, "Wrote registry row") || strings.Contains(line, "Registry row gone") {
+			t.Errorf("the resumed former leader wrote: %s", line)
+		}
+		if strings.Contains(line, "Not writing; will retry") {
+			refused++
+		}
+	}
+	t.Logf("the resumed former leader refused %d syncs before it stood down", refused)
+	assertRowsMatch(t, rawDB(t, path), items)
+}
