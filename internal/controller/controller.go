@@ -170,13 +170,22 @@ func New(ctx context.Context, client versioned.Interface, informer informers.Stu
 // namespace/name strings rather than cache.ObjectName: the workqueue's maps grow to the
 // largest backlog and Go maps never shrink, and a string key is half the size (after
 // 10000 queued Students, 1.3 MiB stays allocated instead of 2.1).
+//
+// Only a Student, or the tombstone of one, has a key here: a tombstone's key names the
+// Student that was deleted, whatever its last known state inside. Anything else is
+// reported and dropped, rather than its name taken for a Student's.
 func (c *Controller) enqueue(logger klog.Logger, obj any) {
-	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
-	if err != nil {
-		utilruntime.HandleErrorWithLogger(logger, err, "Cannot get the key of an object", "object", obj)
+	switch o := obj.(type) {
+	case *studentv1.Student:
+		if o != nil {
+			c.queue.Add(cache.MetaObjectToName(o).String())
+			return
+		}
+	case cache.DeletedFinalStateUnknown:
+		c.queue.Add(o.Key)
 		return
 	}
-	c.queue.Add(key)
+	utilruntime.HandleErrorWithLogger(logger, nil, "Not a Student; ignored", "type", fmt.Sprintf("%T", obj))
 }
 
 // enqueueUpdate adds the key of an updated Student when the update can matter.
@@ -194,7 +203,7 @@ func (c *Controller) enqueueUpdate(logger klog.Logger, oldObj, newObj any) {
 func needsSync(oldObj, newObj any) bool {
 	oldS, ok1 := oldObj.(*studentv1.Student)
 	newS, ok2 := newObj.(*studentv1.Student)
-	if !ok1 || !ok2 || oldS.ResourceVersion == newS.ResourceVersion {
+	if !ok1 || !ok2 || oldS == nil || newS == nil || oldS.ResourceVersion == newS.ResourceVersion {
 		return true
 	}
 	if oldS.Generation != newS.Generation || !equality.Semantic.DeepEqual(oldS.DeletionTimestamp, newS.DeletionTimestamp) {

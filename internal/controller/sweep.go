@@ -49,7 +49,7 @@ func planSweep(owner string, rows []registry.Record, students []*studentv1.Stude
 		}
 	}
 	for _, s := range students {
-		if !seen[s.UID] && s.DeletionTimestamp == nil && validateSpec(s.Spec) == "" {
+		if !seen[s.UID] && s.DeletionTimestamp == nil && ValidateSpec(s.Spec) == "" {
 			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s).String())
 		}
 	}

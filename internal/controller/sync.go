@@ -59,7 +59,7 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 	logger := klog.FromContext(ctx)
 	s := cached.DeepCopy()
 
-	if problem := validateSpec(s.Spec); problem != "" {
+	if problem := ValidateSpec(s.Spec); problem != "" {
 		changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonInvalidSpec, problem), s.Status.Registry)
 		if err != nil {
 			return err
@@ -244,9 +244,9 @@ func policy(s *studentv1.Student) studentv1.DeletionPolicy {
 	return s.Spec.DeletionPolicy
 }
 
-// validateSpec repeats the CRD's validation, for objects stored before it existed or
+// ValidateSpec repeats the CRD's validation, for objects stored before it existed or
 // written past it; it returns what is wrong, or "".
-func validateSpec(spec studentv1.StudentSpec) string {
+func ValidateSpec(spec studentv1.StudentSpec) string {
 	blank := func(s string) bool { return len(s) == 0 || strings.TrimSpace(s) == "" }
 	switch {
 	case blank(spec.Name):

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"path/filepath"
@@ -40,24 +41,24 @@ func parseURL(raw, password string) (source, error) {
 func parseSQLite(raw string) (source, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return source{}, fmt.Errorf("registry URL %q: %w", raw, err)
+		return source{}, fmt.Errorf("registry URL %q: not a valid URL: %w", redact(raw), urlErrorCause(err))
 	}
 	path := u.Opaque
 	if path == "" {
 		if u.Host != "" {
-			return source{}, fmt.Errorf("registry URL %q: a SQLite URL has no host; use sqlite:///ABSOLUTE/PATH.db (three slashes) or sqlite:RELATIVE/PATH.db", raw)
+			return source{}, fmt.Errorf("registry URL %q: a SQLite URL has no host; use sqlite:///ABSOLUTE/PATH.db (three slashes) or sqlite:RELATIVE/PATH.db", redact(raw))
 		}
 		path = u.Path
 	}
 	if path == "" || strings.HasSuffix(path, "/") {
-		return source{}, fmt.Errorf("registry URL %q: names no file", raw)
+		return source{}, fmt.Errorf("registry URL %q: names no file", redact(raw))
 	}
 	if u.RawQuery != "" {
-		return source{}, fmt.Errorf("registry URL %q: SQLite URLs take no parameters", raw)
+		return source{}, fmt.Errorf("registry URL %q: SQLite URLs take no parameters", redact(raw))
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return source{}, fmt.Errorf("registry URL %q: %w", raw, err)
+		return source{}, fmt.Errorf("registry URL %q: %w", redact(raw), err)
 	}
 	return source{dialect: sqlite, dsn: sqliteDSN(abs), display: "sqlite://" + abs}, nil
 }
@@ -87,11 +88,10 @@ const defaultConnectTimeout = 5 * time.Second
 func parsePostgres(raw, password string) (source, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		// url.Parse's error quotes the URL, password and all.
-		return source{}, fmt.Errorf("registry URL %q: not a valid URL", redact(raw))
+		return source{}, fmt.Errorf("registry URL %q: not a valid URL: %w", redact(raw), urlErrorCause(err))
 	}
 	if u.Host == "" || strings.Trim(u.Path, "/") == "" {
-		return source{}, fmt.Errorf("registry URL %q: want postgres://USER@HOST:PORT/DATABASE", u.Redacted())
+		return source{}, fmt.Errorf("registry URL %q: want postgres://USER@HOST:PORT/DATABASE", redact(raw))
 	}
 	if password != "" {
 		user := ""
@@ -110,19 +110,64 @@ func parsePostgres(raw, password string) (source, error) {
 	return source{dialect: postgres, dsn: u.String(), display: display.Redacted()}, nil
 }
 
-// redact hides a password in a URL that may not even parse.
+// urlErrorCause is what url.Parse found wrong, without the URL that its error quotes,
+// password and all.
+func urlErrorCause(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return ue.Err
+	}
+	return err
+}
+
+// redact hides the passwords of a URL that may not even parse, the userinfo's and a
+// password parameter's: every error that quotes a registry URL quotes it through here.
+// It errs on the side of hiding: text that only looks like a password (after "://", up
+// to an "@") is hidden too, wherever a mistyped URL puts it.
 func redact(raw string) string {
+	out := raw
 	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
+		if strings.Contains(u.RawQuery, "=") {
+			q := u.Query()
+			for k := range q {
+				if strings.EqualFold(k, "password") {
+					q[k] = []string{"xxxxx"}
+				}
+			}
+			u.RawQuery = q.Encode()
+		}
+		out = u.Redacted()
 	}
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return raw
-	}
-	if at := strings.LastIndex(rest, "@"); at >= 0 {
-		if user, _, hasPass := strings.Cut(rest[:at], ":"); hasPass {
-			return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
+	// Userinfo after every "://".
+	var b strings.Builder
+	for {
+		i := strings.Index(out, "://")
+		if i < 0 {
+			b.WriteString(out)
+			break
+		}
+		b.WriteString(out[:i+3])
+		out = out[i+3:]
+		end := strings.IndexAny(out, "/?#")
+		if end < 0 {
+			end = len(out)
+		}
+		if at := strings.LastIndex(out[:end], "@"); at >= 0 {
+			if user, _, hasPass := strings.Cut(out[:at], ":"); hasPass {
+				b.WriteString(user + ":xxxxx")
+				out = out[at:]
+			}
 		}
 	}
-	return raw
+	out = b.String()
+	// Password parameters, wherever a "?" starts them.
+	if base, query, ok := strings.Cut(out, "?"); ok {
+		params := strings.Split(query, "&")
+		for i, kv := range params {
+			if k, _, ok := strings.Cut(kv, "="); ok && strings.EqualFold(k, "password") {
+				params[i] = k + "=xxxxx"
+			}
+		}
+		out = base + "?" + strings.Join(params, "&")
+	}
+	return out
 }
