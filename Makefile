@@ -47,6 +47,15 @@ run: controlplane build ## Run everything locally: control plane, CRD, samples, 
 test: controlplane ## Run every test: unit, integration against the real control plane, codegen checks.
 	go test -race -timeout 30m $(GO_TEST_FLAGS) ./...
 
+FUZZ ?= FuzzParseURL
+FUZZTIME ?= 10m
+
+.PHONY: fuzz
+fuzz: controlplane ## Run one fuzz target (FUZZ, default FuzzParseURL) for FUZZTIME (default 10m); findings land in its testdata/fuzz.
+	@pkg="$$(grep -rl --include='*_test.go' 'func $(FUZZ)(' . | xargs -r -n1 dirname | sort -u)"; \
+	if [[ -z "$$pkg" ]]; then echo "no fuzz target $(FUZZ)"; exit 2; fi; \
+	go test -run '^$$' -fuzz '^$(FUZZ)$$' -fuzztime $(FUZZTIME) "$$pkg"
+
 BENCH_N ?= 10000
 
 .PHONY: bench
