@@ -44,6 +44,9 @@ type Options struct {
 	// WithoutAdmissionPolicy leaves out config/admission, which Start installs
 	// otherwise, as config/default does in a cluster.
 	WithoutAdmissionPolicy bool
+	// APIServerFlags are set on kube-apiserver's command line, over the defaults:
+	// flag name (without dashes) to value, e.g. {"watch-cache": "false"}.
+	APIServerFlags map[string]string
 }
 
 // Start starts etcd, kube-apiserver and kube-controller-manager from bin/k8s, installs
@@ -79,6 +82,9 @@ func Start(opts Options) (*Env, error) {
 		UseExistingCluster:       ptr.To(false),
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
+	}
+	for flag, value := range opts.APIServerFlags {
+		env.ControlPlane.GetAPIServer().Configure().Set(flag, value)
 	}
 	if opts.EtcdDataDir != "" {
 		if err := os.MkdirAll(opts.EtcdDataDir, 0o700); err != nil {
