@@ -54,7 +54,7 @@ FUZZTIME ?= 10m
 fuzz: controlplane ## Run one fuzz target (FUZZ, default FuzzParseURL) for FUZZTIME (default 10m); findings land in its testdata/fuzz.
 	@pkg="$$(grep -rl --include='*_test.go' 'func $(FUZZ)(' . | xargs -r -n1 dirname | sort -u)"; \
 	if [[ -z "$$pkg" ]]; then echo "no fuzz target $(FUZZ)"; exit 2; fi; \
-	go test -run '^$$' -fuzz '^$(FUZZ)$$' -fuzztime $(FUZZTIME) "$$pkg"
+	go test -run '^$$' -fuzz '^$(FUZZ)$$' -fuzztime $(FUZZTIME) -timeout 0 "$$pkg"
 
 BENCH_N ?= 10000
 

@@ -31,7 +31,7 @@ var start = time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 // fixture is a controller over a fake clientset and a real SQLite registry. Its
 // informer is never started: tests put objects in its cache, as a watch would.
 type fixture struct {
-	t        *testing.T
+	t        testing.TB
 	ctx      context.Context
 	client   *fake.Clientset
 	factory  externalversions.SharedInformerFactory
@@ -44,7 +44,7 @@ type fixture struct {
 	dbPath string
 }
 
-func newFixture(t *testing.T, students ...*studentv1.Student) *fixture {
+func newFixture(t testing.TB, students ...*studentv1.Student) *fixture {
 	t.Helper()
 	ctx := klog.NewContext(context.Background(), ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true))))
 	f := &fixture{t: t, ctx: ctx, clock: testingclock.NewFakeClock(start), recorder: record.NewFakeRecorder(100),

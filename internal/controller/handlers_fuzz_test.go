@@ -25,10 +25,12 @@ func FuzzHandlers(f *testing.F) {
 	f.Add("", "", "", uint8(5), uint8(6), "", "1", int64(0), int64(1))
 	f.Add("school", "a", "/", uint8(6), uint8(7), "2", "1", int64(2), int64(1))
 	f.Add("school", "a", "school/a/b", uint8(7), uint8(0), "1", "2", int64(1), int64(1))
+	// One controller for every input (a fixture costs a SQLite file): each input starts
+	// and ends with an empty queue.
+	fx := newFixture(f)
+	c := fx.ctrl
 	f.Fuzz(func(t *testing.T, ns, name, key string, shape1, shape2 uint8, rv1, rv2 string, gen1, gen2 int64) {
-		logger, _ := ktesting.NewTestContext(t)
-		fx := newFixture(t)
-		c := fx.ctrl
+		logger, ctx := ktesting.NewTestContext(t)
 		student := func(rv string, gen int64) *studentv1.Student {
 			return &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, ResourceVersion: rv, Generation: gen}}
 		}
@@ -76,7 +78,7 @@ func FuzzHandlers(f *testing.F) {
 				t.Errorf("queued %q, not the key of anything handed over (%#v, %#v)", k, oldObj, newObj)
 			}
 			c.queue.Add(k) // for the worker
-			if !c.processNextWorkItem(fx.ctx) {
+			if !c.processNextWorkItem(ctx) {
 				t.Fatal("the queue shut down")
 			}
 			if n := c.queue.NumRequeues(k); n != 0 {
