@@ -76,6 +76,16 @@ func newFixture(t testing.TB, students ...*studentv1.Student) *fixture {
 	return f
 }
 
+// put writes rows into the registry through its own upsert.
+func (f *fixture) put(rows ...registry.Record) {
+	f.t.Helper()
+	for _, r := range rows {
+		if _, err := f.registry.Upsert(f.ctx, r); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
 // observe copies an object from the API server into the informer cache, as the
 // watch would deliver it.
 func (f *fixture) observe(namespace, name string) {

@@ -111,11 +111,7 @@ func TestSweep(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t, tc.students...)
 			f.ctrl.cfg.SweepEventTarget = tc.eventTarget
-			for _, r := range tc.rows {
-				if _, err := f.registry.Upsert(f.ctx, r); err != nil {
-					t.Fatal(err)
-				}
-			}
+			f.put(tc.rows...)
 			got, err := f.ctrl.Sweep(f.ctx)
 			if err != nil {
 				t.Fatal(err)

@@ -189,11 +189,7 @@ func TestSync(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t, tc.student)
-			for _, r := range tc.rows {
-				if _, err := f.registry.Upsert(f.ctx, r); err != nil {
-					t.Fatal(err)
-				}
-			}
+			f.put(tc.rows...)
 			f.clock.SetTime(later)
 			if tc.down {
 				f.registry.Close()
@@ -432,11 +428,7 @@ func TestNotLeading(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t, tc.student)
-			for _, r := range tc.rows {
-				if _, err := f.registry.Upsert(f.ctx, r); err != nil {
-					t.Fatal(err)
-				}
-			}
+			f.put(tc.rows...)
 			f.clock.SetTime(start.Add(time.Minute)) // rows written now differ from start's
 			before := f.rows()
 			var leading atomic.Bool

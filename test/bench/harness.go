@@ -224,30 +224,13 @@ func (h *harness) load(ctx context.Context, ns string, withFinalizer bool) error
 	if withFinalizer {
 		finalizers = []string{controller.Finalizer}
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for range 32 {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(h.n) {
-					return
-				}
-				_, err := h.students.BolingcavalryV1().Students(ns).Create(ctx, &studentv1.Student{
-					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("s-%05d", i), Finalizers: finalizers},
-					Spec:       studentv1.StudentSpec{Name: fmt.Sprintf("学生 %d", i), School: "深圳中学"},
-				}, metav1.CreateOptions{})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return inParallel(h.n, 32, func(i int) error {
+		_, err := h.students.BolingcavalryV1().Students(ns).Create(ctx, &studentv1.Student{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("s-%05d", i), Finalizers: finalizers},
+			Spec:       studentv1.StudentSpec{Name: fmt.Sprintf("学生 %d", i), School: "深圳中学"},
+		}, metav1.CreateOptions{})
+		return err
+	})
 }
 
 // deleteAll deletes every Student of the namespace, one request each from 32
@@ -255,17 +238,28 @@ func (h *harness) load(ctx context.Context, ns string, withFinalizer bool) error
 // of thousands of finalized objects outlasts the server's request timeout).
 func (h *harness) deleteAll(ctx context.Context, ns string) error {
 	students := h.students.BolingcavalryV1().Students(ns)
-	names := make(chan string, h.n)
-	for i := range h.n {
-		names <- fmt.Sprintf("s-%05d", i)
-	}
-	close(names)
+	return inParallel(h.n, 32, func(i int) error {
+		if err := students.Delete(ctx, fmt.Sprintf("s-%05d", i), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		return nil
+	})
+}
+
+// inParallel calls do for 0 to n-1 from workers goroutines, and returns the first
+// error; a worker stops at its first error.
+func inParallel(n, workers int, do func(i int) error) error {
+	var next atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for range 32 {
+	errs := make(chan error, workers)
+	for range workers {
 		wg.Go(func() {
-			for name := range names {
-				if err := students.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := do(i); err != nil {
 					errs <- err
 					return
 				}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the PostgreSQL driver
@@ -89,34 +87,17 @@ func measureSweep(ctx context.Context, n int, name, url string) (sweepResult, er
 
 	// The rows, from 8 writers (SQLite takes them one at a time, PostgreSQL side by side).
 	fill := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				s := sweepStudent(i)
-				if _, err := reg.Upsert(ctx, registry.Record{
-					UID: string(s.UID), Namespace: s.Namespace, Name: s.Name,
-					StudentName: s.Spec.Name, School: s.Spec.School, Owner: owner, Generation: s.Generation,
-				}); err != nil {
-					errs <- err
-					return
-				}
-				if err := informer.Informer().GetIndexer().Add(s); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	err = inParallel(n, 8, func(i int) error {
+		s := sweepStudent(i)
+		if _, err := reg.Upsert(ctx, registry.Record{
+			UID: string(s.UID), Namespace: s.Namespace, Name: s.Name,
+			StudentName: s.Spec.Name, School: s.Spec.School, Owner: owner, Generation: s.Generation,
+		}); err != nil {
+			return err
+		}
+		return informer.Informer().GetIndexer().Add(s)
+	})
+	if err != nil {
 		return res, err
 	}
 	res.FillSeconds = time.Since(fill).Seconds()

@@ -26,13 +26,7 @@ func TestLeaderElection(t *testing.T) {
 	}
 	const leaseDuration = 15 * time.Second // the default
 
-	a := startProcess(t, "replica-a", args...)
-	holder := waitLeader(t, leaseName, "")
-	b := startProcess(t, "replica-b", args...)
-	waitFor(t, 30*time.Second, "replica b to be ready as a standby", func() bool {
-		code, _, _ := get("http://" + b.probeAddr + "/readyz")
-		return code == 200
-	})
+	a, b, holder := startReplicas(t, leaseName, args)
 
 	createMany(t, ns, 5, "s")
 	waitAllReady(t, ns, 5, time.Minute)
@@ -85,6 +79,20 @@ func TestLeaderElection(t *testing.T) {
 	}
 	waitStudentReady(t, ns, "after-sigkill", killed, leaseDuration+10*time.Second)
 	assertRowsMatch(t, rawDB(t, path), waitAllReady(t, ns, 7, 10*time.Second))
+}
+
+// startReplicas starts replica a, waits until it leads, then starts replica b and waits
+// until it is ready as a standby; it returns them and a's identity.
+func startReplicas(t *testing.T, leaseName string, args []string) (a, b *process, holder string) {
+	t.Helper()
+	a = startProcess(t, "replica-a", args...)
+	holder = waitLeader(t, leaseName, "")
+	b = startProcess(t, "replica-b", args...)
+	waitFor(t, 30*time.Second, "replica b to be ready as a standby", func() bool {
+		code, _, _ := get("http://" + b.probeAddr + "/readyz")
+		return code == 200
+	})
+	return a, b, holder
 }
 
 // waitLeader waits until the Lease has a holder other than not, and returns it.
@@ -146,13 +154,7 @@ func TestPausedLeader(t *testing.T) {
 		"--leader-elect-lease-duration", leaseDuration.String(), "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"-v=7", // every request is logged before it is sent
 	}
-	a := startProcess(t, "replica-a", args...)
-	holder := waitLeader(t, leaseName, "")
-	b := startProcess(t, "replica-b", args...)
-	waitFor(t, 30*time.Second, "replica b to be ready as a standby", func() bool {
-		code, _, _ := get("http://" + b.probeAddr + "/readyz")
-		return code == 200
-	})
+	a, _, holder := startReplicas(t, leaseName, args)
 	createMany(t, ns, 20, "s")
 	waitAllReady(t, ns, 20, time.Minute)
 
