@@ -80,7 +80,7 @@ var scaleRun = []string{"student-controller", "controller-runtime", floorStatusO
 var skippedWhy = map[string]string{
 	"student-controller-no-policy": "its targets are set at N = 10000; it makes student-controller's syncs plus the finalizer write per Student",
 	"original-settings": "its client limit (QPS 5, burst 10) sets its pace whatever N is, so a run here would only be cut off and " +
-		"projected as at N = 10000 (see there: at that rate N = 100000 take ten times as long)",
+		"projected from the same rate",
 	floorTwoWrites: "the targets at this N are against the status-only floor, the one write a controller makes with the policy",
 }
 

@@ -165,7 +165,16 @@ func markdown(rep report, from *report) string {
 	if len(rep.Skipped) > 0 {
 		b.WriteString("\nNot run at this N:\n\n")
 		for _, s := range rep.Skipped {
-			fmt.Fprintf(&b, "- **%s**: %s\n", s.Name, s.Why)
+			fmt.Fprintf(&b, "- **%s**: %s", s.Name, s.Why)
+			if from != nil {
+				for _, r := range from.Results {
+					if r.Name == s.Name && !r.Converged && r.ProjectedSeconds > 0 {
+						fmt.Fprintf(&b, ". At N = %d it was cut off and projected at %.0f s; at its pace N = %d would take about %.0f s (%.1f hours)",
+							from.N, r.ProjectedSeconds, rep.N, r.ProjectedSeconds*float64(rep.N)/float64(from.N), r.ProjectedSeconds*float64(rep.N)/float64(from.N)/3600)
+					}
+				}
+			}
+			b.WriteString("\n")
 		}
 	}
 	b.WriteString(sweepTable(rep))
