@@ -21,7 +21,8 @@ import (
 // Event reasons, for `kubectl describe` and `kubectl get events`. An Event is an API
 // request, so Normal Events are kept for what changes a Student's row after it was first
 // written; the routine first write and the final delete or release are in status, the
-// rows-written metric and the log (-v=2), and cost no request. Warnings are always sent.
+// rows-written metric and the log (-v=2), and cost no request. Warnings are sent once
+// per change of the Student's status, not on every retry.
 const (
 	EventRowUpdated        = "RowUpdated"
 	EventRowRestored       = "RowRestored"

@@ -429,7 +429,8 @@ func (r *Registry) notWritten(ctx context.Context, want Record) error {
 		return fmt.Errorf("row %s was released at %s: %w", uid, rec.ReleasedAt.Format(time.RFC3339), ErrNotOwned)
 	case rec.Owner != want.Owner:
 		return fmt.Errorf("row %s is owned by %q: %w", uid, rec.Owner, ErrNotOwned)
-	case rec.Generation > want.Generation:
+	case want.Generation > 0 && rec.Generation > want.Generation:
+		// Only writes that carry a generation are guarded by it; Delete carries none (0).
 		return fmt.Errorf("row %s holds generation %d, the write %d: %w", uid, rec.Generation, want.Generation, ErrStale)
 	}
 	// Changed in between (the row came back, or its generation moved): the caller retries.

@@ -60,9 +60,16 @@ func createMany(t *testing.T, ns string, n int, prefix string) {
 // waitAllReady waits until the namespace holds want Students, every one Ready.
 func waitAllReady(t *testing.T, ns string, want int, timeout time.Duration) []studentv1.Student {
 	t.Helper()
+	return waitAllReadyIn(t, students(ns), want, timeout)
+}
+
+// waitAllReadyIn is waitAllReady through a client of any control plane: want Students,
+// every one Ready at its generation, none Terminating.
+func waitAllReadyIn(t *testing.T, client studentclient.StudentInterface, want int, timeout time.Duration) []studentv1.Student {
+	t.Helper()
 	var items []studentv1.Student
 	eventually(t, timeout, fmt.Sprintf("all %d Students Ready", want), func(ctx context.Context) (bool, error) {
-		list, err := students(ns).List(ctx, metav1.ListOptions{})
+		list, err := client.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
 		}

@@ -99,7 +99,7 @@ func TestRelist(t *testing.T) {
 	for i := range 20 {
 		create(fmt.Sprintf("before-%02d", i), map[bool]studentv1.DeletionPolicy{true: studentv1.DeletionPolicyOrphan}[i%4 == 0])
 	}
-	waitReadyIn(t, stus, 20)
+	waitAllReadyIn(t, stus, 20, time.Minute)
 
 	// Cut the watch, and note where the controller's cache is: at most this version.
 	list, err := stus.List(ctx, metav1.ListOptions{})
@@ -143,7 +143,7 @@ func TestRelist(t *testing.T) {
 	})
 	breaker.heal()
 
-	items := waitReadyIn(t, stus, 26)
+	items := waitAllReadyIn(t, stus, 26, time.Minute)
 	if !breaker.gone.Load() {
 		t.Errorf("the controller's watch was never answered 410 Gone")
 	}
@@ -169,37 +169,6 @@ func TestRelist(t *testing.T) {
 	if released != len(orphanUIDs) {
 		t.Errorf("%d rows released, want %d (the Orphan Students deleted in the gap)", released, len(orphanUIDs))
 	}
-}
-
-// waitReadyIn waits until the namespace holds want Students, all Ready at their
-// generation, and returns them.
-func waitReadyIn(t *testing.T, stus interface {
-	List(context.Context, metav1.ListOptions) (*studentv1.StudentList, error)
-}, want int) []studentv1.Student {
-	t.Helper()
-	var items []studentv1.Student
-	eventually(t, time.Minute, fmt.Sprintf("%d Students Ready", want), func(ctx context.Context) (bool, error) {
-		list, err := stus.List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		items = nil
-		for _, s := range list.Items {
-			if s.DeletionTimestamp == nil {
-				items = append(items, s)
-			}
-		}
-		if len(items) != want {
-			return false, nil
-		}
-		for i := range items {
-			if !isReady(&items[i]) {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	return items
 }
 
 // watchExpired says whether a watch from resourceVersion is refused as too old.
