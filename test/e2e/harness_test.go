@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,6 +48,7 @@ func TestMain(m *testing.M) {
 }
 
 func runTests(m *testing.M) int {
+	keepFuzzPipesFromChildren()
 	var err error
 	env, err = controlplane.Start(controlplane.Options{})
 	if err != nil {
@@ -82,6 +85,20 @@ func runTests(m *testing.M) int {
 		}
 	}()
 	return m.Run()
+}
+
+// keepFuzzPipesFromChildren marks a fuzz worker's pipes to its coordinator (file
+// descriptors 3, 4 and 5, which Go's fuzzing engine hands over) close-on-exec. Without
+// it etcd, kube-apiserver and PostgreSQL inherit them; and when the engine kills a
+// worker, as it does when one call takes 10 s, the control plane it leaves behind holds
+// the pipe open, so the coordinator waits for ever instead of reporting the input.
+func keepFuzzPipesFromChildren() {
+	if !slices.ContainsFunc(os.Args[1:], func(arg string) bool { return strings.HasPrefix(arg, "-test.fuzzworker") }) {
+		return
+	}
+	for fd := 3; fd <= 5; fd++ {
+		syscall.CloseOnExec(fd)
+	}
 }
 
 // requestCounter counts the API requests that pass through it, by verb and resource.

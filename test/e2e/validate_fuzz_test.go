@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
 
 	"github.com/student-controller/student-controller/internal/controller"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
@@ -62,7 +64,9 @@ func FuzzValidateSpec(f *testing.F) {
 	} {
 		f.Add(seed.name, seed.school, seed.policy, seed.raw)
 	}
-	client := versioned.NewForConfigOrDie(env.Config).BolingcavalryV1().RESTClient()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS = -1 // one request per input, as fast as the server answers
+	client := versioned.NewForConfigOrDie(cfg).BolingcavalryV1().RESTClient()
 	f.Fuzz(func(t *testing.T, name, school, policy string, raw bool) {
 		var spec studentv1.StudentSpec
 		nameJSON, ok1 := literal(name, raw, &spec.Name)
@@ -79,8 +83,16 @@ func FuzzValidateSpec(f *testing.F) {
 		body := fmt.Sprintf(`{"apiVersion":"bolingcavalry.k8s.io/v1","kind":"Student","metadata":{"name":"fuzz"},"spec":{"name":%s,"school":%s%s}}`,
 			nameJSON, schoolJSON, policyJSON)
 
+		// The fuzzing engine kills a worker whose call takes 10 s, without a word about
+		// the input; a request that hangs fails here first, and names it.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		start := time.Now()
 		err := client.Post().Namespace("default").Resource("students").Param("dryRun", "All").
-			SetHeader("Content-Type", "application/json").Body([]byte(body)).Do(context.Background()).Error()
+			SetHeader("Content-Type", "application/json").Body([]byte(body)).Do(ctx).Error()
+		if ctx.Err() != nil {
+			t.Fatalf("the API server did not answer a dry-run create within %v (%v): %s", time.Since(start).Round(time.Millisecond), err, body)
+		}
 		problem := controller.ValidateSpec(spec)
 		switch {
 		case err == nil && problem != "":
