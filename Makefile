@@ -47,6 +47,12 @@ run: controlplane build ## Run everything locally: control plane, CRD, samples, 
 test: controlplane ## Run every test: unit, integration against the real control plane, codegen checks.
 	go test -race -timeout 30m $(GO_TEST_FLAGS) ./...
 
+CHAOS_N ?= 2000
+
+.PHONY: chaos
+chaos: controlplane ## Strike the fault schedule on both registries with CHAOS_N Students (default 2000); results in chaos/results.
+	CHAOS_N=$(CHAOS_N) CHAOS_RESULTS=$(CURDIR)/chaos/results go test -count=1 -timeout 0 -run '^TestChaos$$' -v ./test/chaos
+
 FUZZ ?= FuzzParseURL
 FUZZTIME ?= 10m
 

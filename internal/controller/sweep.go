@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -62,6 +64,9 @@ type SweepResult struct {
 	Resync  int // Students queued to repair their rows
 	Orphans int // owned rows without a Student
 	Deleted int // orphan rows deleted
+	// Live are orphans by the cache whose Student the API server still has: the cache
+	// was behind (a watch cut, a new leader's first minutes), and the row stays.
+	Live int
 	// Malformed are owned rows that cannot be read, skipped: their Students' syncs
 	// rewrite them, and rows of no Student are left to whoever wrote them.
 	Malformed int
@@ -115,6 +120,17 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			errs = append(errs, err)
 			break
 		}
+		// The cache may be behind the API server; a row is deleted only when the API
+		// server, asked now, has no Student of its UID.
+		live, err := c.studentExists(ctx, row)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if live {
+			result.Live++
+			continue
+		}
 		deleted, err := c.registry.Delete(ctx, row.UID, c.cfg.Owner)
 		if err != nil && !errors.Is(err, registry.ErrNotOwned) {
 			errs = append(errs, err)
@@ -126,7 +142,8 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		}
 	}
 	if result.Resync > 0 || result.Orphans > 0 || len(errs) > 0 {
-		logger.Info("Sweep found rows to repair or delete", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans, "deleted", result.Deleted)
+		logger.Info("Sweep found rows to repair or delete", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans,
+			"deleted", result.Deleted, "studentStillThere", result.Live)
 	} else {
 		logger.V(4).Info("Sweep found no drift", "rows", result.Rows)
 	}
@@ -134,6 +151,19 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		return result, fmt.Errorf("sweep: %w", errors.Join(errs...))
 	}
 	return result, nil
+}
+
+// studentExists asks the API server whether the Student of a row exists: by the
+// namespace and name the row records, with the row's UID.
+func (c *Controller) studentExists(ctx context.Context, row registry.Record) (bool, error) {
+	s, err := c.client.BolingcavalryV1().Students(row.Namespace).Get(ctx, row.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("sweep: confirm that Student %s/%s is gone: %w", row.Namespace, row.Name, err)
+	}
+	return string(s.UID) == row.UID, nil
 }
 
 // reportMalformed logs each unreadable row once, when a sweep first finds it.

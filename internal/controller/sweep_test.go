@@ -6,6 +6,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
@@ -72,7 +73,9 @@ func TestPlanSweep(t *testing.T) {
 func TestSweep(t *testing.T) {
 	target := &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: "system", Name: "student-controller-0"}
 	tests := map[string]struct {
-		students    []*studentv1.Student
+		students []*studentv1.Student
+		// notCached are Students the API server has and the cache does not yet.
+		notCached   []*studentv1.Student
 		rows        []registry.Record
 		wantResult  SweepResult
 		wantRows    []string
@@ -102,6 +105,22 @@ func TestSweep(t *testing.T) {
 			wantRows:    []string{"uid-a", "uid-x", "uid-y", "uid-z"},
 			wantEvents:  []string{"Warning SweepRefused"},
 		},
+		"cache behind: a Student the API server has keeps its row": {
+			students:  []*studentv1.Student{newStudent("a")},
+			notCached: []*studentv1.Student{newStudent("late")},
+			rows: []registry.Record{
+				recordOf(owner, newStudent("a")),
+				recordOf(owner, newStudent("late")),
+				recordOf(owner, newStudent("gone")),
+			},
+			wantResult: SweepResult{Rows: 3, Orphans: 2, Deleted: 1, Live: 1},
+			wantRows:   []string{"uid-a", "uid-late"},
+		},
+		"same name, another UID: the row is an orphan": {
+			notCached:  []*studentv1.Student{newStudent("a", func(s *studentv1.Student) { s.UID = "uid-a-recreated" })},
+			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
+			wantResult: SweepResult{Rows: 1, Orphans: 1, Deleted: 1},
+		},
 		"at the bound": {
 			rows:       []registry.Record{recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
 			wantResult: SweepResult{Rows: 2, Orphans: 2, Deleted: 2},
@@ -110,6 +129,11 @@ func TestSweep(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t, tc.students...)
+			for _, s := range tc.notCached {
+				if _, err := f.client.BolingcavalryV1().Students(s.Namespace).Create(f.ctx, s, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			f.ctrl.cfg.SweepEventTarget = tc.eventTarget
 			f.put(tc.rows...)
 			got, err := f.ctrl.Sweep(f.ctx)

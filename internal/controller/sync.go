@@ -129,6 +129,9 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 	}
 
 	if _, err := c.updateStatus(ctx, s, ready(), registryStatus(row)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return c.undoStaleWrite(ctx, s)
+		}
 		return err
 	}
 	switch action {
@@ -136,6 +139,27 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		c.recorder.Eventf(s, corev1.EventTypeNormal, EventRowUpdated, "Registry row written: %s, %s", row.StudentName, row.School)
 	case rowRestored:
 		c.recorder.Eventf(s, corev1.EventTypeNormal, EventRowRestored, "Registry row was missing and is written again: %s, %s", row.StudentName, row.School)
+	}
+	return nil
+}
+
+// undoStaleWrite deletes the row of a Student that the API server no longer has, when
+// the status write that follows a row write finds it gone. This cache was behind: a
+// replica that has just taken the lead, or whose watch was cut, can still hold a
+// Student that the previous leader finalized, its row deleted; the sync then wrote
+// the row again. Left there, it would be an owned row without a Student until the next
+// sweep. A released row (Orphan) is not ours and stays.
+func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
+	if err := c.mayWrite(); err != nil {
+		return err
+	}
+	deleted, err := c.registry.Delete(ctx, string(s.UID), c.cfg.Owner)
+	if err != nil && !errors.Is(err, registry.ErrNotOwned) {
+		return fmt.Errorf("the Student is gone; delete the row this sync wrote from a stale cache: %w", err)
+	}
+	if deleted {
+		c.cfg.Metrics.observeRow(rowDeleted)
+		klog.FromContext(ctx).Info("The Student was gone when its status was written: deleted the row written from a cache that was behind")
 	}
 	return nil
 }

@@ -411,6 +411,30 @@ func TestRegistryErrorEventOnce(t *testing.T) {
 // TestNotLeading: a replica that cannot know it still leads (Config.Leading refuses)
 // writes nothing, to the API or the registry, whatever the Student needs, and leaves
 // the key for later; once it may write again, the same sync does the work.
+// TestStaleCache: a replica whose cache is behind still holds a Student that the
+// previous leader finalized (the object is gone, its row deleted). Its sync writes the
+// row again, finds the object gone when it writes status, and deletes that row.
+func TestStaleCache(t *testing.T) {
+	f := newFixture(t, newStudent("a", withFinalizer, synced(start)))
+	if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.client.ClearActions()
+	f.clock.SetTime(start.Add(time.Minute))
+	if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if rows := f.rows(); len(rows) != 0 {
+		t.Errorf("rows after the sync: %v, want none: the Student is gone", rows)
+	}
+	if diff := cmp.Diff([]string{"update students/status"}, f.writes()); diff != "" {
+		t.Errorf("API writes (-want +got):\n%s", diff)
+	}
+	if got := testutil.ToFloat64(f.metrics.rowsWritten.WithLabelValues(rowDeleted)); got != 1 {
+		t.Errorf("rows written with action deleted: %v, want 1", got)
+	}
+}
+
 func TestNotLeading(t *testing.T) {
 	tests := map[string]struct {
 		student *studentv1.Student

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 
 	"github.com/student-controller/student-controller/internal/controller"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
@@ -32,18 +33,24 @@ import (
 // failurePolicy; so it waits until a server-side dry-run create of a Student comes back
 // with the finalizer.
 func (e *Env) InstallAdmissionPolicy(ctx context.Context) error {
-	policy, binding, err := readAdmissionPolicy(filepath.Join(e.Root, "config", "admission", "policy.yaml"))
+	return InstallAdmissionPolicy(ctx, e.Config, e.Root)
+}
+
+// InstallAdmissionPolicy is Env.InstallAdmissionPolicy for any API server that cfg
+// reaches as an administrator, with the policy from the repository at root.
+func InstallAdmissionPolicy(ctx context.Context, cfg *rest.Config, root string) error {
+	policy, binding, err := readAdmissionPolicy(filepath.Join(root, "config", "admission", "policy.yaml"))
 	if err != nil {
 		return err
 	}
-	client := kubernetes.NewForConfigOrDie(e.Config).AdmissionregistrationV1()
+	client := kubernetes.NewForConfigOrDie(cfg).AdmissionregistrationV1()
 	if err := createOrUpdate(ctx, client.MutatingAdmissionPolicies(), policy); err != nil {
 		return fmt.Errorf("install MutatingAdmissionPolicy %s: %w", policy.Name, err)
 	}
 	if err := createOrUpdate(ctx, client.MutatingAdmissionPolicyBindings(), binding); err != nil {
 		return fmt.Errorf("install MutatingAdmissionPolicyBinding %s: %w", binding.Name, err)
 	}
-	return e.waitForFinalizerOnCreate(ctx, true)
+	return waitForFinalizerOnCreate(ctx, cfg, true)
 }
 
 // objects is what createOrUpdate needs of a typed client.
@@ -81,13 +88,13 @@ func (e *Env) RemoveAdmissionPolicy(ctx context.Context) error {
 	if err := client.MutatingAdmissionPolicies().Delete(ctx, policy.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete MutatingAdmissionPolicy %s: %w", policy.Name, err)
 	}
-	return e.waitForFinalizerOnCreate(ctx, false)
+	return waitForFinalizerOnCreate(ctx, e.Config, false)
 }
 
 // waitForFinalizerOnCreate polls server-side dry-run creates of a Student until they
 // come back with the controller's finalizer (want) or without it (!want).
-func (e *Env) waitForFinalizerOnCreate(ctx context.Context, want bool) error {
-	students := versioned.NewForConfigOrDie(e.Config).BolingcavalryV1().Students(metav1.NamespaceDefault)
+func waitForFinalizerOnCreate(ctx context.Context, cfg *rest.Config, want bool) error {
+	students := versioned.NewForConfigOrDie(cfg).BolingcavalryV1().Students(metav1.NamespaceDefault)
 	probe := &studentv1.Student{
 		ObjectMeta: metav1.ObjectMeta{Name: "admission-policy-probe"},
 		Spec:       studentv1.StudentSpec{Name: "probe", School: "probe"},

@@ -4,6 +4,7 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -133,6 +134,49 @@ func (s *Server) Stop(ctx context.Context) error {
 		return fmt.Errorf("pg_ctl stop: %v\n%s", err, out)
 	}
 	return nil
+}
+
+// Kill SIGKILLs the server and every backend process at once, as the kernel's OOM
+// killer or a lost node would: no shutdown checkpoint, the next Start recovers from the
+// write-ahead log. pg_ctl makes the postmaster a process group leader, so its group is
+// the whole server.
+func (s *Server) Kill() error {
+	pidFile, err := os.ReadFile(filepath.Join(s.data(), "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("kill PostgreSQL: %w", err)
+	}
+	first, _, _ := strings.Cut(string(pidFile), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 1 {
+		return fmt.Errorf("kill PostgreSQL: postmaster.pid starts with %q, not a process ID", first)
+	}
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill PostgreSQL's process group %d: %w", pid, err)
+	}
+	// Wait until the postmaster is gone, so that a Start that follows finds its lock
+	// file stale rather than held.
+	for deadline := time.Now().Add(10 * time.Second); alive(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kill PostgreSQL: postmaster %d still runs 10 s after SIGKILL", pid)
+		}
+	}
+	return nil
+}
+
+// alive tells whether process pid runs: it exists and is not a zombie that its parent
+// (init, for a postmaster whose pg_ctl has exited) has yet to reap.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no /proc: the signal's answer is all there is
+	}
+	// The state follows the command name, which is in parentheses and may hold any
+	// character, ")" too: so after the last ")".
+	rest := string(stat[bytes.LastIndexByte(stat, ')')+1:])
+	return !strings.HasPrefix(strings.TrimSpace(rest), "Z")
 }
 
 // Close stops the server if it runs and removes its folder.

@@ -1,0 +1,432 @@
+package chaos
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"k8s.io/client-go/rest"
+	_ "modernc.org/sqlite"
+
+	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/internal/pgtest"
+	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+)
+
+const (
+	owner      = "chaos-controller"
+	otherOwner = "another-controller"
+
+	// The replicas' Lease: shorter than the default 15 s, 10 s and 2 s so that a run
+	// waits less for a takeover.
+	leaseDuration = 8 * time.Second
+	renewDeadline = 5 * time.Second
+	retryPeriod   = time.Second
+
+	// outage is how long a killed or stopped server stays down.
+	outage = 3 * time.Second
+	// recoveryLimit is how long every invariant may take to hold again once a bulk
+	// and its fault are over; the sweep (every 5 minutes) is not needed for it.
+	recoveryLimit = 4 * time.Minute
+)
+
+// The faults, in the order a run strikes them. Each strikes during a bulk of creates,
+// updates and deletes, after a third of its requests.
+const (
+	faultControllersKilled   = "controller SIGKILLed (both replicas), mid-bulk"
+	faultAPIServerStopped    = "kube-apiserver stopped (SIGTERM), restarted"
+	faultEtcdKilled          = "etcd SIGKILLed, restarted"
+	faultLeaderKilled        = "leader SIGKILLed, standby takes over"
+	faultAPIServerKilled     = "kube-apiserver SIGKILLed, restarted"
+	faultPostgresKilled      = "PostgreSQL SIGKILLed, restarted"
+	faultLeaderPaused        = "leader SIGSTOPped past its Lease, then SIGCONT"
+	faultControllersOnDelete = "controller SIGKILLed (both replicas) while deletes arrive"
+)
+
+func schedule(postgres bool) []string {
+	faults := []string{faultControllersKilled, faultAPIServerStopped, faultEtcdKilled, faultLeaderKilled, faultAPIServerKilled}
+	if postgres {
+		faults = append(faults, faultPostgresKilled)
+	}
+	return append(faults, faultLeaderPaused, faultControllersOnDelete)
+}
+
+// TestChaos runs the fault schedule on each registry. CHAOS_N Students in all (300
+// when unset, the size `make test` runs); with CHAOS_RESULTS set, the results go into
+// that folder as <date>.md and <date>.json. The processes' logs are kept when the run
+// fails or CHAOS_KEEP_LOGS is set.
+func TestChaos(t *testing.T) {
+	n := 300
+	if v := os.Getenv("CHAOS_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 50 {
+			t.Fatalf("CHAOS_N=%q: want a number of Students, at least 50", v)
+		}
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := buildController(root, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := &report{N: n, Started: time.Now().UTC()}
+	for _, reg := range []string{"sqlite", "postgres"} {
+		t.Run(reg, func(t *testing.T) {
+			res := runChaos(t, root, bin, reg, n)
+			report.Runs = append(report.Runs, res)
+		})
+	}
+	report.Finished = time.Now().UTC()
+	t.Log("\n" + report.markdown())
+	if dir := os.Getenv("CHAOS_RESULTS"); dir != "" {
+		if err := report.write(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// world is what a run strikes and checks.
+type world struct {
+	t       *testing.T
+	cluster *cluster
+	pg      *pgtest.Server
+	ctrl    *controllers
+	loader  *loader
+	checker *checker
+}
+
+func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "student-controller-chaos-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := &runResult{Registry: reg, LogDir: dir}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("CHAOS_KEEP_LOGS") != "" {
+			t.Logf("logs of the run kept in %s", dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+	})
+
+	c, err := startCluster(ctx, root, dir)
+	if c != nil {
+		t.Cleanup(func() {
+			if err := c.stop(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, cluster: c}
+
+	// The registry, and rows of another owner that must stay as they are.
+	var registryURL string
+	var env []string
+	var db *sql.DB
+	switch reg {
+	case "sqlite":
+		path := filepath.Join(dir, "registry.db")
+		registryURL = "sqlite://" + path
+		db, err = sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	case "postgres":
+		if w.pg, err = pgtest.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := w.pg.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+		if err := w.pg.CreateDatabase(ctx, "registry"); err != nil {
+			t.Fatal(err)
+		}
+		registryURL = w.pg.URL("registry", false)
+		env = []string{"REGISTRY_PASSWORD=" + pgtest.Password}
+		db, err = sql.Open("pgx", w.pg.URL("registry", true))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	others, err := seedOtherOwner(ctx, registryURL, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	args := []string{
+		"--kubeconfig", c.controllerKubeconfig,
+		"--registry", registryURL, "--registry-owner", owner,
+		"--leader-elect", "--leader-elect-namespace", systemNamespace,
+		"--leader-elect-lease-duration", leaseDuration.String(),
+		"--leader-elect-renew-deadline", renewDeadline.String(),
+		"--leader-elect-retry-period", retryPeriod.String(),
+		"-v=2",
+	}
+	if w.ctrl, err = startControllers(bin, 2, args, env, dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.ctrl.stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, _, err := w.ctrl.waitLeader(ctx, nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+
+	client := versioned.NewForConfigOrDie(c.admin)
+	for _, ns := range namespaces {
+		if err := createNamespace(ctx, c.admin, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The loader keeps to 50 requests a second, so that a bulk is still arriving when
+	// its fault strikes.
+	loaderConfig := rest.CopyConfig(c.admin)
+	loaderConfig.QPS, loaderConfig.Burst = 50, 10
+	w.loader = &loader{client: versioned.NewForConfigOrDie(loaderConfig), rnd: rand.New(rand.NewPCG(uint64(n), 13))}
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	watcher := &generationWatcher{db: db}
+	go watcher.run(watchCtx, 250*time.Millisecond)
+	w.checker = &checker{
+		client: client, db: db, owner: owner, others: others, watcher: watcher,
+		students: func() []*student { return w.loader.all },
+		logs:     w.ctrl.logProblems,
+	}
+
+	faults := schedule(reg == "postgres")
+	creating := len(faults) - 1 // the last bulk only deletes
+	start := time.Now()
+	for i, fault := range faults {
+		creates, updates, deletes, batches := n/creating, n/creating/2, n/creating/5, 1
+		if i == creating {
+			creates, updates, deletes, batches = 0, 0, n/4, 4
+		}
+		ops, counts := w.loader.plan(creates, updates, deletes, batches)
+		ph := w.phase(ctx, fault, ops, start)
+		ph.Requests = counts
+		res.Phases = append(res.Phases, ph)
+		t.Logf("%s: struck at %v, healed after %v, load took %v, invariants held again after %v (API writes %d, row writes %d)",
+			fault, ph.StruckAt, ph.Outage, ph.LoadTook, ph.Recovery, ph.APIWrites, ph.RowWrites)
+		if !ph.Held {
+			t.Errorf("%s: invariants did not all hold within %v: %v", fault, recoveryLimit, ph.Violations)
+			break
+		}
+	}
+	res.Took = duration(time.Since(start))
+
+	// The end state, read once more after a pause with nothing going on.
+	time.Sleep(5 * time.Second)
+	final, err := w.checker.check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Final = finalResults(final)
+	for _, inv := range res.Final {
+		if !inv.Held {
+			t.Errorf("%s: %v", inv.Invariant, inv.Violations)
+		}
+	}
+	res.tally(w.loader.all)
+	for _, r := range w.ctrl.replicas {
+		res.ControllerExits += int(r.exits.Load())
+	}
+	res.GenerationReads = watcher.reads
+	return res
+}
+
+// phase runs one bulk, strikes fault after a third of its requests, and waits until
+// every invariant holds again.
+func (w *world) phase(ctx context.Context, fault string, ops []op, runStart time.Time) phaseResult {
+	ph := phaseResult{Fault: fault}
+	loadStart := time.Now()
+	loadDone := make(chan error, 1)
+	var loadTook time.Duration
+	go func() {
+		err := w.loader.run(ctx, ops, 8)
+		loadTook = time.Since(loadStart)
+		loadDone <- err
+	}()
+
+	for w.loader.done.Load() < int64(len(ops)/3) && len(loadDone) == 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	struck := time.Now()
+	ph.StruckAt = duration(struck.Sub(runStart))
+	healed, takeover, err := w.strike(ctx, fault)
+	if err != nil {
+		w.t.Fatalf("%s: %v", fault, err)
+	}
+	ph.Outage = duration(healed.Sub(struck))
+	if takeover > 0 {
+		ph.Takeover = duration(takeover)
+		ph.TakeoverLimit = duration(takeoverLimit)
+		if takeover > takeoverLimit {
+			w.t.Errorf("%s: the standby took over %v after the leader stopped, more than %v", fault, takeover, takeoverLimit)
+		}
+	}
+	if err := <-loadDone; err != nil {
+		w.t.Fatalf("%s: the loader: %v", fault, err)
+	}
+	ph.LoadTook = duration(loadTook)
+
+	// From now on nothing changes the Students but the controller.
+	settled := time.Now()
+	rowsBefore := w.ctrl.rowWrites()
+	apiBefore, apiErr := w.cluster.studentWrites(ctx)
+	var last violations
+	for time.Since(settled) < recoveryLimit {
+		v, err := w.checker.check(ctx)
+		if err == nil && len(v) == 0 {
+			ph.Held = true
+			break
+		}
+		last = v
+		if err != nil {
+			last = violations{"check": {err.Error()}}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	ph.Recovery = duration(time.Since(settled))
+	ph.SinceStrike = duration(time.Since(struck))
+	ph.RowWrites = w.ctrl.rowWrites() - rowsBefore
+	apiAfter, err := w.cluster.studentWrites(ctx)
+	if err = errors.Join(apiErr, err); err != nil {
+		w.t.Errorf("%s: the API server's metrics: %v", fault, err)
+	}
+	ph.APIWrites = apiAfter - apiBefore
+	if !ph.Held {
+		ph.Violations = last
+	}
+	return ph
+}
+
+// takeoverLimit bounds how long after the leader stops a standby leads: the Lease runs
+// out leaseDuration after the leader's last renewal, and the standby tries every
+// retryPeriod, jittered by up to 1.2 times that (client-go), once after seeing the last
+// renewal and once after the expiry.
+const takeoverLimit = leaseDuration + 2*retryPeriod*22/10 + time.Second
+
+// strike strikes fault and heals it: it returns when the struck part is back (or, for
+// the controller, when a replica leads again), and for a leader fault how long the
+// standby took to lead.
+func (w *world) strike(ctx context.Context, fault string) (healed time.Time, takeover time.Duration, err error) {
+	c := w.cluster
+	switch fault {
+	case faultControllersKilled, faultControllersOnDelete:
+		for _, r := range w.ctrl.replicas {
+			if err := r.kill(); err != nil {
+				return time.Time{}, 0, err
+			}
+		}
+		_, seen, err := w.ctrl.waitLeader(ctx, nil, time.Minute)
+		return seen, 0, err
+
+	case faultLeaderKilled:
+		leader := w.ctrl.leader()
+		if leader == nil {
+			return time.Time{}, 0, errors.New("no leader to kill")
+		}
+		killed := time.Now()
+		if err := leader.kill(); err != nil {
+			return time.Time{}, 0, err
+		}
+		// The killed replica restarts after a second, under a new identity; whichever
+		// leads next took over.
+		_, seen, err := w.ctrl.waitLeader(ctx, nil, time.Minute)
+		return seen, seen.Sub(killed), err
+
+	case faultLeaderPaused:
+		leader := w.ctrl.leader()
+		if leader == nil {
+			return time.Time{}, 0, errors.New("no leader to pause")
+		}
+		paused := time.Now()
+		if err := leader.signal(syscall.SIGSTOP); err != nil {
+			return time.Time{}, 0, err
+		}
+		_, seen, err := w.ctrl.waitLeader(ctx, leader, time.Minute)
+		// Stay paused past the Lease, then wake up with a cache as old as the pause.
+		time.Sleep(time.Until(paused.Add(leaseDuration + 2*time.Second)))
+		if contErr := leader.signal(syscall.SIGCONT); contErr != nil {
+			err = errors.Join(err, contErr)
+		}
+		return time.Now(), seen.Sub(paused), err
+
+	case faultAPIServerStopped, faultAPIServerKilled:
+		if fault == faultAPIServerStopped {
+			err = c.apiserver.stop(time.Minute)
+		} else {
+			err = c.apiserver.kill()
+		}
+		if err != nil {
+			return time.Time{}, 0, err
+		}
+		time.Sleep(outage)
+		return time.Now(), 0, c.startAPIServer(ctx)
+
+	case faultEtcdKilled:
+		if err := c.etcd.kill(); err != nil {
+			return time.Time{}, 0, err
+		}
+		time.Sleep(outage)
+		if err := c.startEtcd(ctx); err != nil {
+			return time.Time{}, 0, err
+		}
+		return time.Now(), 0, waitHealthy(ctx, c.apiserver, c.apiURL+"/readyz")
+
+	case faultPostgresKilled:
+		if err := w.pg.Kill(); err != nil {
+			return time.Time{}, 0, err
+		}
+		time.Sleep(outage)
+		return time.Now(), 0, w.pg.Start(ctx)
+	}
+	return time.Time{}, 0, fmt.Errorf("unknown fault %q", fault)
+}
+
+// seedOtherOwner writes rows of another owner through the registry, as another
+// controller sharing the database would, and returns them as the checker reads them.
+func seedOtherOwner(ctx context.Context, registryURL string, db *sql.DB) (map[string]row, error) {
+	reg, err := registry.Open(ctx, registryURL, registry.Options{Password: pgtest.Password})
+	if err != nil {
+		return nil, err
+	}
+	defer reg.Close()
+	for i := range 20 {
+		if _, err := reg.Upsert(ctx, registry.Record{
+			UID: fmt.Sprintf("other-%02d", i), Namespace: namespaces[i%len(namespaces)], Name: fmt.Sprintf("s-%05d", i),
+			StudentName: "someone else's", School: "another school", Owner: otherOwner, Generation: 1,
+		}); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := readRows(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	others := map[string]row{}
+	for uid, r := range rows {
+		if r.owner == otherOwner {
+			others[uid] = r
+		}
+	}
+	return others, nil
+}

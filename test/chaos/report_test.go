@@ -1,0 +1,173 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// duration is a time.Duration that reads as "1.2s" in JSON.
+type duration time.Duration
+
+func (d duration) String() string {
+	return time.Duration(d).Round(100 * time.Millisecond).String()
+}
+
+func (d duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// report is one `make chaos`: a run per registry.
+type report struct {
+	N        int          `json:"n"`
+	Started  time.Time    `json:"started"`
+	Finished time.Time    `json:"finished"`
+	Runs     []*runResult `json:"runs"`
+}
+
+// runResult is the schedule on one registry.
+type runResult struct {
+	Registry        string            `json:"registry"`
+	Took            duration          `json:"took"`
+	Created         int               `json:"created"`
+	Updates         int               `json:"updatesAccepted"`
+	DeletedDelete   int               `json:"deletedWithDelete"`
+	DeletedOrphan   int               `json:"deletedWithOrphan"`
+	Live            int               `json:"live"`
+	ControllerExits int               `json:"controllerExits"`
+	GenerationReads int               `json:"registryReadsForGenerations"`
+	Phases          []phaseResult     `json:"phases"`
+	Final           []invariantResult `json:"final"`
+	LogDir          string            `json:"-"`
+}
+
+// phaseResult is one bulk and its fault.
+type phaseResult struct {
+	Fault         string     `json:"fault"`
+	Requests      opCounts   `json:"requests"`
+	StruckAt      duration   `json:"struckAt"`
+	Outage        duration   `json:"outage"`
+	Takeover      duration   `json:"takeover,omitempty"`
+	TakeoverLimit duration   `json:"takeoverLimit,omitempty"`
+	LoadTook      duration   `json:"loadTook"`
+	Recovery      duration   `json:"recovery"`
+	SinceStrike   duration   `json:"sinceStrike"`
+	APIWrites     int        `json:"apiWritesDuringRecovery"`
+	RowWrites     int        `json:"rowWritesDuringRecovery"`
+	Held          bool       `json:"held"`
+	Violations    violations `json:"violations,omitempty"`
+}
+
+type invariantResult struct {
+	Invariant  string   `json:"invariant"`
+	Held       bool     `json:"held"`
+	Violations []string `json:"violations,omitempty"`
+}
+
+func finalResults(v violations) []invariantResult {
+	var out []invariantResult
+	for _, inv := range invariants {
+		out = append(out, invariantResult{Invariant: inv, Held: len(v[inv]) == 0, Violations: v[inv]})
+	}
+	return out
+}
+
+func (r *runResult) tally(all []*student) {
+	for _, s := range all {
+		s.mu.Lock()
+		if s.uid != "" {
+			r.Created++
+		}
+		r.Updates += s.updates
+		switch {
+		case !s.deleted:
+			r.Live++
+		case s.policy == studentv1.DeletionPolicyOrphan:
+			r.DeletedOrphan++
+		default:
+			r.DeletedDelete++
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (rep *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Chaos run, %s\n\n", rep.Started.Format("2006-01-02"))
+	fmt.Fprintf(&b, "`make chaos CHAOS_N=%d` (test/chaos): %d Students per registry, %s to %s UTC, on a %d-CPU machine. "+
+		"The harness runs etcd, kube-apiserver, PostgreSQL and two controller replicas (built with `-race`, leader election, "+
+		"Lease %v / renew %v / retry %v) itself, and restarts each on the same data and certificates. A loader creates, updates "+
+		"and deletes Students (one third Orphan, deletes one by one and by DeleteCollection), retrying through outages; each fault "+
+		"strikes once a third of its bulk is done. A replica that exits is started again after 1 s, as the kubelet would.\n\n",
+		rep.N, rep.N, rep.Started.Format("15:04"), rep.Finished.Format("15:04"), runtime.NumCPU(), leaseDuration, renewDeadline, retryPeriod)
+	b.WriteString("Recovery is from the end of the bulk and the fault (whichever is later) until every invariant below held, checked every 0.5 s " +
+		"over every Student and every row. During that time: the write requests to Students and their status that the API server answered (its metrics; the loader is done, so they are the controllers'), and the registry rows the controllers wrote (theirs; a replica that restarts meanwhile starts again from 0).\n\n")
+	for _, run := range rep.Runs {
+		fmt.Fprintf(&b, "## %s\n\n", run.Registry)
+		fmt.Fprintf(&b, "%v in all. %d Students created, %d updates accepted, %d deleted (%d Delete, %d Orphan), %d live at the end; "+
+			"the replicas exited %d times (faults and lost Leases); the generation watcher read the registry %d times.\n\n",
+			run.Took, run.Created, run.Updates, run.DeletedDelete+run.DeletedOrphan, run.DeletedDelete, run.DeletedOrphan, run.Live,
+			run.ControllerExits, run.GenerationReads)
+		b.WriteString("| # | Fault | Bulk (create/update/delete/batches) | Struck at | Down | Standby led after | Bulk took | Recovery | Student writes | Row writes | Invariants |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for i, ph := range run.Phases {
+			takeover := "-"
+			if ph.Takeover > 0 {
+				takeover = fmt.Sprintf("%v (limit %v)", ph.Takeover, ph.TakeoverLimit)
+			}
+			held := "all held"
+			if !ph.Held {
+				held = fmt.Sprintf("**not all held**: %v", ph.Violations)
+			}
+			fmt.Fprintf(&b, "| %d | %s | %d/%d/%d/%d (%d Students) | %v | %v | %s | %v | %v | %d | %d | %s |\n",
+				i+1, ph.Fault, ph.Requests.Creates, ph.Requests.Updates, ph.Requests.Deletes, ph.Requests.BatchDeletes, ph.Requests.BatchStudents,
+				ph.StruckAt, ph.Outage, takeover, ph.LoadTook, ph.Recovery, ph.APIWrites, ph.RowWrites, held)
+		}
+		b.WriteString("\nEnd state:\n\n")
+		for _, inv := range run.Final {
+			mark := "held"
+			if !inv.Held {
+				mark = fmt.Sprintf("**broken**: %s", strings.Join(inv.Violations, "; "))
+			}
+			fmt.Fprintf(&b, "- %s: %s\n", inv.Invariant, mark)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// write puts the report into dir as <date>.md and <date>.json.
+func (rep *report) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	base := filepath.Join(dir, rep.Started.Format("2006-01-02"))
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(base+".md", []byte(rep.markdown()), 0o644)
+}
+
+func createNamespace(ctx context.Context, cfg *rest.Config, name string) error {
+	_, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Namespaces().Create(ctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
