@@ -6,10 +6,14 @@ package testproc
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // FreePort returns a TCP port of 127.0.0.1 that was free a moment ago.
@@ -64,4 +68,45 @@ func (o *Output) String() string {
 func Tail(out []byte, lines int) string {
 	all := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
 	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
+
+// Scrape fetches the Prometheus text of http://addr/metrics, waiting at most timeout
+// (a paused process must not stall its caller for long).
+func Scrape(addr string, timeout time.Duration) (string, error) {
+	client := &http.Client{Timeout: timeout}
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
+}
+
+// MetricSum adds the samples of metric name in Prometheus text whose labels (the text
+// between the braces) keep accepts; all of them when keep is nil.
+func MetricSum(body, name string, keep func(labels string) bool) float64 {
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		var labels, value string
+		switch {
+		case strings.HasPrefix(line, name+"{"):
+			end := strings.LastIndexByte(line, '}')
+			if end < 0 {
+				continue
+			}
+			labels, value = line[len(name)+1:end], strings.TrimSpace(line[end+1:])
+		case strings.HasPrefix(line, name+" "):
+			value = strings.TrimSpace(line[len(name):])
+		default:
+			continue
+		}
+		if keep != nil && !keep(labels) {
+			continue
+		}
+		if v, err := strconv.ParseFloat(value, 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
 }

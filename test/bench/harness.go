@@ -6,7 +6,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -492,25 +491,10 @@ func scrapeSum(addr, name string) float64 {
 	if err != nil {
 		return 0
 	}
-	sum := 0.0
-	for _, line := range strings.Split(body, "\n") {
-		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			v, _ := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64)
-			sum += v
-		}
-	}
-	return sum
+	return testproc.MetricSum(body, name, nil)
 }
 
-func scrape(addr string) (string, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return string(b), err
-}
+func scrape(addr string) (string, error) { return testproc.Scrape(addr, 10*time.Second) }
 
 func between(s, from, to string) string {
 	_, after, ok := strings.Cut(s, from)

@@ -216,6 +216,9 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	start := time.Now()
 	for i, fault := range faults {
 		creates, updates, deletes, batches := n/creating, n/creating/2, n/creating/5, 1
+		if i < n%creating {
+			creates++ // n in all
+		}
 		if i == creating {
 			creates, updates, deletes, batches = 0, 0, n/4, 4
 		}

@@ -211,7 +211,7 @@ func (c *cluster) studentWrites(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return int(metricSum(string(body), "apiserver_request_total", func(labels string) bool {
+	return int(testproc.MetricSum(string(body), "apiserver_request_total", func(labels string) bool {
 		if !strings.Contains(labels, `group="bolingcavalry.k8s.io"`) {
 			return false
 		}

@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,11 +104,14 @@ func (cs *controllers) stop() error {
 	return errors.Join(errs...)
 }
 
+// scrapeTimeout bounds a scrape of a replica's metrics: a paused one never answers.
+const scrapeTimeout = 500 * time.Millisecond
+
 // leader is the replica whose metrics say it leads, or nil.
 func (cs *controllers) leader() *replica {
 	for _, r := range cs.replicas {
-		body, err := scrape(r.metricsAddr)
-		if err == nil && metricSum(body, "leader_election_master_status", nil) == 1 {
+		body, err := testproc.Scrape(r.metricsAddr, scrapeTimeout)
+		if err == nil && testproc.MetricSum(body, "leader_election_master_status", nil) == 1 {
 			return r
 		}
 	}
@@ -140,8 +140,8 @@ func (cs *controllers) waitLeader(ctx context.Context, not *replica, timeout tim
 func (cs *controllers) rowWrites() int {
 	n := 0
 	for _, r := range cs.replicas {
-		if body, err := scrape(r.metricsAddr); err == nil {
-			n += int(metricSum(body, "student_controller_registry_rows_written_total", nil))
+		if body, err := testproc.Scrape(r.metricsAddr, scrapeTimeout); err == nil {
+			n += int(testproc.MetricSum(body, "student_controller_registry_rows_written_total", nil))
 		}
 	}
 	return n
@@ -164,43 +164,4 @@ func (cs *controllers) logProblems() []string {
 		}
 	}
 	return out
-}
-
-func scrape(addr string) (string, error) {
-	client := &http.Client{Timeout: time.Second}
-	resp, err := client.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return string(body), err
-}
-
-// metricSum adds the samples of a metric in Prometheus text whose labels keep accepts
-// (all when keep is nil).
-func metricSum(body, name string, keep func(labels string) bool) float64 {
-	var sum float64
-	for _, line := range strings.Split(body, "\n") {
-		var labels, value string
-		switch {
-		case strings.HasPrefix(line, name+"{"):
-			end := strings.LastIndexByte(line, '}')
-			if end < 0 {
-				continue
-			}
-			labels, value = line[len(name)+1:end], strings.TrimSpace(line[end+1:])
-		case strings.HasPrefix(line, name+" "):
-			value = strings.TrimSpace(line[len(name):])
-		default:
-			continue
-		}
-		if keep != nil && !keep(labels) {
-			continue
-		}
-		if v, err := strconv.ParseFloat(value, 64); err == nil {
-			sum += v
-		}
-	}
-	return sum
 }
