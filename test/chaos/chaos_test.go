@@ -309,7 +309,7 @@ func (w *world) phase(ctx context.Context, fault string, ops []op, runStart time
 	}
 	ph.Recovery = duration(time.Since(settled))
 	ph.SinceStrike = duration(time.Since(struck))
-	ph.RowWrites = w.ctrl.rowWrites() - rowsBefore
+	ph.RowWrites = rowWritesSince(rowsBefore, w.ctrl.rowWrites())
 	apiAfter, err := w.cluster.studentWrites(ctx)
 	if err = errors.Join(apiErr, err); err != nil {
 		w.t.Errorf("%s: the API server's metrics: %v", fault, err)

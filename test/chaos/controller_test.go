@@ -135,13 +135,28 @@ func (cs *controllers) waitLeader(ctx context.Context, not *replica, timeout tim
 	return nil, time.Time{}, fmt.Errorf("no replica took the lead within %v", timeout)
 }
 
-// rowWrites is how many registry rows the replicas have written (any action), summed
-// over those that answer.
-func (cs *controllers) rowWrites() int {
-	n := 0
+// rowWrites is, for each replica that answers, how many registry rows it has written
+// (any action) since it last started.
+func (cs *controllers) rowWrites() map[*replica]int {
+	out := map[*replica]int{}
 	for _, r := range cs.replicas {
 		if body, err := testproc.Scrape(r.metricsAddr, scrapeTimeout); err == nil {
-			n += int(testproc.MetricSum(body, "student_controller_registry_rows_written_total", nil))
+			out[r] = int(testproc.MetricSum(body, "student_controller_registry_rows_written_total", nil))
+		}
+	}
+	return out
+}
+
+// rowWritesSince is how many rows the replicas wrote between two rowWrites readings. A
+// replica whose count went down has restarted in between: it counts from its restart,
+// and what it wrote before its exit is not counted.
+func rowWritesSince(before, after map[*replica]int) int {
+	n := 0
+	for r, count := range after {
+		if count >= before[r] {
+			n += count - before[r]
+		} else {
+			n += count
 		}
 	}
 	return n

@@ -112,7 +112,7 @@ func (rep *report) markdown() string {
 		"strikes once a third of its bulk is done. A replica that exits is started again after 1 s, as the kubelet would.\n\n",
 		rep.N, rep.N, rep.Started.Format("15:04"), rep.Finished.Format("15:04"), runtime.NumCPU(), leaseDuration, renewDeadline, retryPeriod)
 	b.WriteString("Recovery is from the end of the bulk and the fault (whichever is later) until every invariant below held, checked every 0.5 s " +
-		"over every Student and every row. During that time: the write requests to Students and their status that the API server answered (its metrics; the loader is done, so they are the controllers'), and the registry rows the controllers wrote (theirs; a replica that restarts meanwhile starts again from 0).\n\n")
+		"over every Student and every row. During that time: the write requests to Students and their status that the API server answered (its metrics; the loader is done, so they are the controllers'), and the registry rows the controllers wrote (their metrics; a replica that restarts meanwhile counts from its restart).\n\n")
 	for _, run := range rep.Runs {
 		fmt.Fprintf(&b, "## %s\n\n", run.Registry)
 		fmt.Fprintf(&b, "%v in all. %d Students created, %d updates accepted, %d deleted (%d Delete, %d Orphan), %d live at the end; "+
