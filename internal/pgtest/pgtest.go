@@ -24,7 +24,7 @@ import (
 
 // Password is the superuser's password on every test server. Tests assert it never
 // shows in logs or Events.
-const Password = "pg-test-s3cret-9f2c"
+const Password = "pg-test-s3cret-9f2c" // #nosec G101 -- a throwaway test server's, on loopback
 
 // Server is a running PostgreSQL server.
 type Server struct {
@@ -57,8 +57,11 @@ func Start(ctx context.Context) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("running as root, the server needs the postgres user (the Debian package postgresql creates it): %w", err)
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
+		uid, uidErr := strconv.ParseUint(u.Uid, 10, 32)
+		gid, gidErr := strconv.ParseUint(u.Gid, 10, 32)
+		if err := errors.Join(uidErr, gidErr); err != nil {
+			return nil, fmt.Errorf("the postgres user's IDs %q and %q: %w", u.Uid, u.Gid, err)
+		}
 		s.creds = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
 	var err error

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -87,8 +88,7 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time) error {
 	for rows.Next() {
 		var v int
 		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return fmt.Errorf("read schema_migrations: %w", err)
+			return errors.Join(fmt.Errorf("read schema_migrations: %w", err), rows.Close())
 		}
 		applied[v] = true
 	}

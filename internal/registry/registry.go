@@ -140,12 +140,10 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		r.now = time.Now
 	}
 	if err := ping(ctx, db, src.dialect); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("open registry %s: %w", src.display, err)
+		return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
 	}
 	if err := migrate(ctx, db, src.dialect, r.now()); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("migrate registry %s: %w", src.display, err)
+		return nil, errors.Join(fmt.Errorf("migrate registry %s: %w", src.display, err), db.Close())
 	}
 	for _, p := range []struct {
 		stmt  **sql.Stmt
@@ -159,8 +157,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 			fmt.Sprintf(src.dialect.notNewer, "generation", "$7"))},
 	} {
 		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
-			r.Close()
-			return nil, fmt.Errorf("open registry %s: prepare statements: %w", src.display, err)
+			return nil, errors.Join(fmt.Errorf("open registry %s: prepare statements: %w", src.display, err), r.Close())
 		}
 	}
 	return r, nil
@@ -192,12 +189,13 @@ func (r *Registry) String() string { return r.display }
 
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
+	var errs []error
 	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release} {
 		if stmt != nil {
-			stmt.Close()
+			errs = append(errs, stmt.Close())
 		}
 	}
-	return r.db.Close()
+	return errors.Join(append(errs, r.db.Close())...)
 }
 
 // Ping reports whether the database answers.

@@ -383,13 +383,13 @@ func (h *harness) start(ctx context.Context, c contender, ns, registryURL, run s
 	}
 	go func() {
 		_ = p.cmd.Wait()
-		log.Close()
+		_ = log.Close() // the process's output; nothing to do if it fails
 		close(p.done)
 	}()
 	up, err := p.waitUntil(ctx, time.Minute, func() bool {
 		resp, err := http.Get("http://" + p.metricsAddr + "/metrics")
 		if err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 		}
 		return err == nil && resp.StatusCode == 200
 	})

@@ -422,12 +422,12 @@ func machine() string {
 				break
 			}
 		}
-		f.Close()
+		_ = f.Close() // read only
 	}
 	mem := ""
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		var kb int
-		fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb)
+		_, _ = fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb) // 0 GiB if it changes form
 		mem = fmt.Sprintf(", %.0f GiB", float64(kb)/1024/1024)
 	}
 	return fmt.Sprintf("%d × %s%s, %s, kube-apiserver v1.37.2 and etcd 3.7.0 from bin/k8s", runtime.NumCPU(), model, mem, runtime.Version())

@@ -5,6 +5,8 @@ module github.com/student-controller/student-controller/hack/tools/controlplane
 
 go 1.26.0
 
+toolchain go1.26.10
+
 require go.etcd.io/etcd/server/v3 v3.7.0
 
 require (

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -67,7 +68,8 @@ func run(kubeconfig, namespace, metricsAddr string, qps float64, burst, workers 
 	// The same client metrics as the other contenders (controller-runtime's registry
 	// carries client-go's request counts).
 	go func() {
-		_ = http.ListenAndServe(metricsAddr, promhttp.HandlerFor(crmetrics.Registry, promhttp.HandlerOpts{}))
+		srv := &http.Server{Addr: metricsAddr, Handler: promhttp.HandlerFor(crmetrics.Registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+		_ = srv.ListenAndServe()
 	}()
 
 	list, err := students.List(ctx, metav1.ListOptions{})
