@@ -31,6 +31,7 @@ verify: ## Fail when generated code is stale, code is unformatted or go vet comp
 	go vet ./...
 	go mod tidy -diff
 	cd hack/tools/controlplane && go mod tidy -diff
+	cd hack/tools/helm && go mod tidy -diff
 
 .PHONY: lint
 lint: ## Run the outside checkers (hack/lint.sh): staticcheck, gosec, govulncheck, kube-score, kubectl-validate.
@@ -54,8 +55,12 @@ RUN_FLAGS ?=
 run: controlplane build ## Run everything locally: control plane, CRD, samples, controller on SQLite. Ctrl-C stops it.
 	bin/student-dev --state-dir $(STATE_DIR) $(RUN_FLAGS)
 
+.PHONY: helm
+helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart tests and make lint use it).
+	hack/install-tools.sh helm
+
 .PHONY: test
-test: controlplane ## Run every test: unit, integration against the real control plane, codegen checks.
+test: controlplane helm ## Run every test: unit, integration against the real control plane, codegen checks.
 	go test -race -timeout 30m $(GO_TEST_FLAGS) ./...
 
 CHAOS_N ?= 2000

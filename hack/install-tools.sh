@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs the outside checkers that `make lint` runs into bin/tools, each at the version
-# pinned here, with `go install MODULE@VERSION`: every tool builds with the dependencies its
-# own go.mod names (one shared tools module cannot hold them: kubectl-validate v0.0.4 needs
-# a k8s.io/api that the others have moved past). A tool is rebuilt only when its version or
-# the Go toolchain changes. Nothing comes from anywhere but the Go module proxy.
+# Installs the outside tools that `make lint` and the tests run into bin/tools: all of
+# them, or those named (hack/install-tools.sh helm). The checkers are pinned here and
+# built with `go install MODULE@VERSION`, each with the dependencies its own go.mod names
+# (one shared tools module cannot hold them: kubectl-validate v0.0.4 needs a k8s.io/api
+# that the others have moved past); Helm is pinned by its tools module, hack/tools/helm.
+# A tool is rebuilt only when its version or the Go toolchain changes. Nothing comes from
+# anywhere but the Go module proxy.
 set -o errexit -o nounset -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,14 +21,29 @@ TOOLS=(
 	"kubectl-validate sigs.k8s.io/kubectl-validate@v0.0.4"
 )
 
+wanted() { [[ -z "${WANTED}" || " ${WANTED} " == *" $1 "* ]]; }
+WANTED="$*"
 goversion="$(go env GOVERSION)"
+
+# up_to_date NAME VERSION: the tool is installed from VERSION with this toolchain.
+up_to_date() { [[ -x "${BIN}/$1" && -f "${BIN}/.$1.version" && "$(cat "${BIN}/.$1.version")" == "$2 ${goversion}" ]]; }
+
 for entry in "${TOOLS[@]}"; do
 	read -r name pkg <<<"${entry}"
-	stamp="${BIN}/.${name}.version"
-	if [[ -x "${BIN}/${name}" && -f "${stamp}" && "$(cat "${stamp}")" == "${pkg} ${goversion}" ]]; then
+	if ! wanted "${name}" || up_to_date "${name}" "${pkg}"; then
 		continue
 	fi
 	echo "tools: installing ${pkg} (${goversion}) ..."
 	GOBIN="${BIN}" go install "${pkg}"
-	echo "${pkg} ${goversion}" >"${stamp}"
+	echo "${pkg} ${goversion}" >"${BIN}/.${name}.version"
 done
+
+if wanted helm; then
+	module="${ROOT}/hack/tools/helm"
+	version="$(cat "${module}/go.mod" "${module}/go.sum" | sha256sum | cut -d' ' -f1)"
+	if ! up_to_date helm "${version}"; then
+		echo "tools: installing helm from hack/tools/helm (${goversion}) ..."
+		(cd "${module}" && GOBIN="${BIN}" go install tool)
+		echo "${version} ${goversion}" >"${BIN}/.helm.version"
+	fi
+fi

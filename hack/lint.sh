@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make lint: the outside checkers, at the versions hack/install-tools.sh pins, on the
-# code and on the manifests as they are applied. Exceptions live beside what they excuse,
+# code, the manifests as they are applied and the Helm chart. Exceptions live beside what they excuse,
 # each with its reason: `#nosec Gxxx -- why` in the code, pkg/generated/staticcheck.conf,
 # a `kube-score/ignore` annotation in the manifest.
 set -o errexit -o nounset -o pipefail
@@ -35,14 +35,20 @@ echo "lint: gosec, the tests and tools"
 echo "lint: govulncheck (${VULNDB}, $(go env GOVERSION))"
 "${TOOLS}/govulncheck" -db "file://$(module_dir "${VULNDB}")/data/osv" ./...
 
-# The manifests as kubectl applies them: config/default, its PostgreSQL variant, the samples.
+# The manifests as they are applied: config/default, its PostgreSQL variant and the
+# samples as kustomize renders them, and the Helm chart with its default values.
 for dir in default postgres samples; do
 	kubectl kustomize "config/${dir}" >"${OUT}/${dir}.yaml"
 done
+echo "lint: helm lint --strict"
+"${TOOLS}/helm" lint --strict --kube-version 1.37.2 charts/student-controller
+"${TOOLS}/helm" template student-controller charts/student-controller --namespace student-controller-system \
+	--include-crds --kube-version 1.37.2 >"${OUT}/chart.yaml"
 
 echo "lint: kube-score"
-"${TOOLS}/kube-score" score "${OUT}/default.yaml"
-"${TOOLS}/kube-score" score "${OUT}/postgres.yaml"
+for manifests in default postgres chart; do
+	"${TOOLS}/kube-score" score "${OUT}/${manifests}.yaml"
+done
 
 # kubectl-validate reads one schema file per group-version, named apis/GROUP/VERSION.json;
 # the Kubernetes module names them apis__GROUP__VERSION_openapi.json.
@@ -58,7 +64,7 @@ for f in "$(module_dir "${KUBERNETES}")"/api/openapi-spec/v3/*_openapi.json; do
 	mkdir -p "${schemas}/$(dirname "${path}")"
 	cp "${f}" "${schemas}/${path}.json"
 done
-"${TOOLS}/kubectl-validate" "${OUT}/default.yaml" "${OUT}/postgres.yaml" "${OUT}/samples.yaml" \
+"${TOOLS}/kubectl-validate" "${OUT}/default.yaml" "${OUT}/postgres.yaml" "${OUT}/samples.yaml" "${OUT}/chart.yaml" \
 	--local-schemas "${schemas}" --local-crds config/crd/bases
 
 echo "lint: all clean"

@@ -39,3 +39,9 @@ rm -rf "${ROOT}/config/crd/bases"
 go tool controller-gen crd:crdVersions=v1 \
 	paths="./pkg/apis/..." \
 	output:crd:artifacts:config=config/crd/bases
+
+# The Helm chart installs the same CRD from its crds/ folder.
+echo "Copying the CRD into charts/student-controller/crds"
+rm -rf "${ROOT}/charts/student-controller/crds"
+mkdir -p "${ROOT}/charts/student-controller/crds"
+cp "${ROOT}/config/crd/bases/"*.yaml "${ROOT}/charts/student-controller/crds/"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Fails when anything generated from the API types (deepcopy, clientset, listers,
-# informers, apply configurations, the CRD) is stale: it regenerates into a scratch copy
+# informers, apply configurations, the CRD and its copy in the chart) is stale: it regenerates into a scratch copy
 # of the tree and compares. Fix a failure with hack/update-codegen.sh.
 set -o errexit -o nounset -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-GENERATED=(pkg/apis pkg/generated config/crd)
+GENERATED=(pkg/apis pkg/generated config/crd charts/student-controller/crds)
 
 scratch="$(mktemp -d)"
 trap 'rm -rf "${scratch}"' EXIT

@@ -13,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2/ktesting"
@@ -26,10 +25,7 @@ import (
 func TestDeployDryRun(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := newClients(t)
-	_, err := c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-controller-system"}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	ensureNamespace(ctx, t, c, "student-controller-system")
 	out := kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "default"))
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "postgres"))
 	for _, want := range []string{
