@@ -32,6 +32,10 @@ echo "lint: gosec, the tests and tools"
 "${TOOLS}/gosec" -quiet -exclude=G204,G304,G301,G306 \
 	./cmd/student-dev/... ./internal/controlplane/... ./internal/pgtest/... ./internal/registrytest/... ./internal/testproc/... ./test/...
 
+# The image builder, a module of its own.
+echo "lint: staticcheck and gosec, hack/tools/image"
+(cd hack/tools/image && "${TOOLS}/staticcheck" . && "${TOOLS}/gosec" -quiet .)
+
 echo "lint: govulncheck (${VULNDB}, $(go env GOVERSION))"
 "${TOOLS}/govulncheck" -db "file://$(module_dir "${VULNDB}")/data/osv" ./...
 

@@ -13,6 +13,9 @@ import (
 	"syscall"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the PostgreSQL driver for postgres: registry URLs
+	// Root certificates for a PostgreSQL server's TLS (sslmode=verify-full) when the
+	// system has none, as in the image, whose base is empty: used only then.
+	_ "golang.org/x/crypto/x509roots/fallback"
 	"k8s.io/klog/v2"
 	_ "modernc.org/sqlite" // the SQLite driver for sqlite: registry URLs
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"

@@ -35,13 +35,19 @@ func startProcess(t *testing.T, name string, args ...string) *process {
 // startProcessEnv is startProcess with extra environment variables.
 func startProcessEnv(t *testing.T, name string, env []string, args ...string) *process {
 	t.Helper()
+	return startBinary(t, name, controllerBinary(t), env, args...)
+}
+
+// startBinary is startProcessEnv for a controller binary of the caller's.
+func startBinary(t *testing.T, name, bin string, env []string, args ...string) *process {
+	t.Helper()
 	p := &process{
 		t: t, name: name, logs: &testproc.Output{}, exited: make(chan struct{}),
 		metricsAddr: testproc.Addr(t),
 		probeAddr:   testproc.Addr(t),
 	}
 	args = append(args, "--metrics-bind-address", p.metricsAddr, "--health-probe-bind-address", p.probeAddr)
-	p.cmd = exec.Command(controllerBinary(t), args...)
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	p.cmd.Env = append(os.Environ(), env...)
 	if err := p.cmd.Start(); err != nil {

@@ -1,0 +1,182 @@
+// Command image builds student-controller's container image without a Docker engine
+// and without pulling a base image: one layer holding the static binary, on an empty
+// base, run as user 65532. The same binary and flags give the same image digest: every
+// timestamp is the epoch (or SOURCE_DATE_EPOCH), the tar is written in a fixed order and
+// the layer is compressed the same way each time.
+//
+//	image -binary bin/image/student-controller -out bin/image/oci -version v1.2.3 [-push REGISTRY/REPO:TAG]
+//
+// It writes an OCI image layout to -out, prints the image's digest (sha256:...), and
+// with -push copies the image to a registry (credentials as docker and crane find them).
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// The image's user: the nonroot user of distroless images, above the host's IDs.
+const user = "65532:65532"
+
+// entrypoint is where the binary lives in the image.
+const entrypoint = "/student-controller"
+
+func main() {
+	binary := flag.String("binary", "", "The static student-controller binary to put in the image.")
+	out := flag.String("out", "", "Folder to write the OCI image layout to (emptied first).")
+	version := flag.String("version", "devel", "The version the image is labeled with.")
+	source := flag.String("source", "https://github.com/student-controller/student-controller", "The source repository the image is labeled with.")
+	revision := flag.String("revision", "", "The source revision the image is labeled with.")
+	push := flag.String("push", "", "Also push the image to this reference, e.g. registry.example.com/student-controller:v1.2.3.")
+	arch := flag.String("arch", "amd64", "The binary's architecture (GOARCH).")
+	flag.Parse()
+	if err := run(*binary, *out, *version, *source, *revision, *push, *arch); err != nil {
+		fmt.Fprintln(os.Stderr, "image:", err)
+		os.Exit(1)
+	}
+}
+
+func run(binary, out, version, source, revision, push, arch string) error {
+	if binary == "" || out == "" {
+		return errors.New("-binary and -out are required")
+	}
+	created, err := buildTime()
+	if err != nil {
+		return err
+	}
+	img, err := build(binary, created, arch, map[string]string{
+		"org.opencontainers.image.title":    "student-controller",
+		"org.opencontainers.image.version":  version,
+		"org.opencontainers.image.source":   source,
+		"org.opencontainers.image.revision": revision,
+		"org.opencontainers.image.licenses": "Apache-2.0",
+	})
+	if err != nil {
+		return err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(out); err != nil {
+		return err
+	}
+	path, err := layout.Write(out, empty.Index)
+	if err != nil {
+		return fmt.Errorf("write the OCI layout: %w", err)
+	}
+	if err := path.AppendImage(img, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": version,
+	})); err != nil {
+		return fmt.Errorf("write the OCI layout: %w", err)
+	}
+	if push != "" {
+		ref, err := name.ParseReference(push)
+		if err != nil {
+			return fmt.Errorf("-push %q: %w", push, err)
+		}
+		if err := remote.Write(ref, img, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+			return fmt.Errorf("push to %s: %w", ref, err)
+		}
+		fmt.Fprintf(os.Stderr, "pushed %s@%s\n", ref.Context(), digest)
+	}
+	fmt.Println(digest)
+	return nil
+}
+
+// build makes the image: an OCI manifest and config, one layer.
+func build(binary string, created time.Time, arch string, labels map[string]string) (v1.Image, error) {
+	layerTar, err := layerOf(binary, created)
+	if err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	}, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	img, err := mutate.Append(base, mutate.Addendum{
+		Layer:     layer,
+		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "hack/tools/image: " + entrypoint, Comment: "the static binary"},
+		MediaType: types.OCILayer,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.DeepCopy()
+	cfg.OS, cfg.Architecture = "linux", arch
+	cfg.Created = v1.Time{Time: created}
+	cfg.Config = v1.Config{
+		User:       user,
+		Entrypoint: []string{entrypoint},
+		WorkingDir: "/",
+		Labels:     labels,
+		Env:        []string{"PATH=/"},
+	}
+	return mutate.ConfigFile(img, cfg)
+}
+
+// layerOf is the tar of the one file, owned by root and readable and runnable by all,
+// stamped with created.
+func layerOf(binary string, created time.Time) ([]byte, error) {
+	data, err := os.ReadFile(binary) // #nosec G304 -- the binary the Makefile built and names
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	hdr := &tar.Header{
+		Name:     entrypoint[1:],
+		Mode:     0o755,
+		Size:     int64(len(data)),
+		ModTime:  created,
+		Typeflag: tar.TypeReg,
+		Format:   tar.FormatPAX,
+	}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(data); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// buildTime is SOURCE_DATE_EPOCH when set (reproducible-builds.org), else the epoch.
+func buildTime() (time.Time, error) {
+	v := os.Getenv("SOURCE_DATE_EPOCH")
+	if v == "" {
+		return time.Unix(0, 0).UTC(), nil
+	}
+	sec, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH=%q: %w", v, err)
+	}
+	return time.Unix(sec, 0).UTC(), nil
+}
