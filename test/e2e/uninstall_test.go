@@ -1,0 +1,195 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/student-controller/student-controller/internal/controlplane"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+)
+
+// uninstallCluster is a control plane of its own for an uninstall (which deletes the
+// CRD), with a controller running on a SQLite registry and Students of both policies.
+type uninstallCluster struct {
+	cp       *controlplane.Env
+	kube     kubernetes.Interface
+	students versioned.Interface
+	registry string
+	db       *sql.DB
+	args     []string
+	uids     map[string]studentv1.DeletionPolicy
+}
+
+func newUninstallCluster(t *testing.T) *uninstallCluster {
+	t.Helper()
+	cp, err := controlplane.Start(controlplane.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cp.Stop(); err != nil {
+			t.Errorf("stop the control plane: %v", err)
+		}
+	})
+	u := &uninstallCluster{cp: cp, kube: kubernetes.NewForConfigOrDie(cp.Config), students: versioned.NewForConfigOrDie(cp.Config),
+		registry: filepath.Join(t.TempDir(), "registry.db"), uids: map[string]studentv1.DeletionPolicy{}}
+	u.db = rawDB(t, u.registry)
+	u.args = []string{"--kubeconfig", cp.Kubeconfig, "--registry", "sqlite://" + u.registry, "--registry-owner", owner}
+	return u
+}
+
+// populate makes two namespaces with Students of both policies and waits until they
+// are Ready.
+func (u *uninstallCluster) populate(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	for _, ns := range []string{"school-a", "school-b"} {
+		if _, err := u.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for i, policy := range []studentv1.DeletionPolicy{"Delete", "Delete", "Orphan", "Delete", "Orphan"} {
+			s, err := u.students.BolingcavalryV1().Students(ns).Create(ctx, newStudent(fmt.Sprintf("s-%d", i), "深圳中学", policy), metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			u.uids[string(s.UID)] = policy
+		}
+		waitAllReadyIn(t, u.students.BolingcavalryV1().Students(ns), 5, time.Minute)
+	}
+}
+
+// uninstall runs hack/uninstall.sh on the cluster: kustomize, or helm RELEASE NAMESPACE.
+func (u *uninstallCluster) uninstall(timeout string, how ...string) (string, error) {
+	if len(how) == 0 {
+		how = []string{"kustomize"}
+	}
+	cmd := exec.Command(filepath.Join(u.cp.Root, "hack", "uninstall.sh"), how...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+u.cp.Kubeconfig, "UNINSTALL_TIMEOUT="+timeout,
+		"HELM="+filepath.Join(u.cp.Root, "bin", "tools", "helm"))
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// assertNothingLeft checks the end of an uninstall: no Student, no CRD, the namespaces
+// that held Students deleted for good, and the rows per policy: Delete rows gone,
+// Orphan rows kept and released.
+func (u *uninstallCluster) assertNothingLeft(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := u.kube.Discovery().ServerResourcesForGroupVersion("bolingcavalry.k8s.io/v1"); !apierrors.IsNotFound(err) {
+		t.Errorf("the Student API is still served after the uninstall: %v", err)
+	}
+	for _, ns := range []string{"school-a", "school-b"} {
+		if err := u.kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, time.Minute, "the namespaces gone, none left Terminating", func(ctx context.Context) (bool, error) {
+		for _, ns := range []string{"school-a", "school-b"} {
+			if _, err := u.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	rows := rowsOf(t, u.db)
+	for uid, policy := range u.uids {
+		row, ok := rows[uid]
+		switch {
+		case policy == studentv1.DeletionPolicyDelete && ok:
+			t.Errorf("row %s (Delete) still there: %+v", uid, row)
+		case policy == studentv1.DeletionPolicyOrphan && !ok:
+			t.Errorf("row %s (Orphan) lost", uid)
+		case policy == studentv1.DeletionPolicyOrphan && row.Owner != "":
+			t.Errorf("row %s (Orphan) not released: owner %q", uid, row.Owner)
+		}
+	}
+}
+
+// TestUninstall: hack/uninstall.sh, with the controller running, leaves no Student,
+// CRD or namespace Terminating and the rows per policy, for kustomize and for Helm. With the controller already
+// gone it deletes nothing and says so; running the controller again is the way out,
+// and then the uninstall finishes the same.
+func TestUninstall(t *testing.T) {
+	t.Run("controller running", func(t *testing.T) {
+		u := newUninstallCluster(t)
+		ctrl := startProcess(t, "controller", u.args...)
+		u.populate(t)
+		if out, err := u.uninstall("2m"); err != nil {
+			t.Fatalf("hack/uninstall.sh: %v\n%s", err, out)
+		}
+		ctrl.signal(syscall.SIGTERM)
+		u.assertNothingLeft(t)
+	})
+
+	t.Run("helm", func(t *testing.T) {
+		u := newUninstallCluster(t)
+		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
+		// The control plane has the admission policy already, outside the release. (Its
+		// Deployment never runs here, with no kubelet: the controller is the process.)
+		install := exec.Command(helmBin, "install", "student-controller", filepath.Join(u.cp.Root, "charts", "student-controller"),
+			"--namespace", "student-controller-system", "--create-namespace", "--set", "admissionPolicy.enabled=false", "--kubeconfig", u.cp.Kubeconfig)
+		if out, err := install.CombinedOutput(); err != nil {
+			t.Fatalf("helm install (bin/tools/helm: make helm builds it): %v\n%s", err, out)
+		}
+		ctrl := startProcess(t, "controller", u.args...)
+		u.populate(t)
+		if out, err := u.uninstall("2m", "helm", "student-controller", "student-controller-system"); err != nil {
+			t.Fatalf("hack/uninstall.sh helm: %v\n%s", err, out)
+		}
+		ctrl.signal(syscall.SIGTERM)
+		u.assertNothingLeft(t)
+		if _, err := u.kube.AppsV1().Deployments("student-controller-system").Get(context.Background(), "student-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the release's Deployment after the uninstall: %v", err)
+		}
+	})
+
+	t.Run("controller gone", func(t *testing.T) {
+		u := newUninstallCluster(t)
+		ctrl := startProcess(t, "controller", u.args...)
+		u.populate(t)
+		ctrl.signal(syscall.SIGKILL)
+		_ = ctrl.wait(10 * time.Second)
+
+		// What a careless uninstall leaves: Students and the namespaces that hold them
+		// Terminating, held by the finalizer of a controller that is gone.
+		ctx := context.Background()
+		if err := u.kube.CoreV1().Namespaces().Delete(ctx, "school-b", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		out, err := u.uninstall("10s")
+		if err == nil || !strings.Contains(out, "is it running?") && !strings.Contains(out, "Is it running?") {
+			t.Fatalf("hack/uninstall.sh without a controller: %v, want a failure that says why:\n%s", err, out)
+		}
+		list, err := u.students.BolingcavalryV1().Students("").List(ctx, metav1.ListOptions{})
+		if err != nil || len(list.Items) != 10 {
+			t.Fatalf("Students after the failed uninstall: %d, %v; want all 10, Terminating", len(list.Items), err)
+		}
+		for _, s := range list.Items {
+			if s.DeletionTimestamp == nil {
+				t.Errorf("%s/%s not Terminating", s.Namespace, s.Name)
+			}
+		}
+
+		// The way out: the controller again, with the same registry and owner.
+		startProcess(t, "controller-again", u.args...)
+		if out, err := u.uninstall("2m"); err != nil {
+			t.Fatalf("hack/uninstall.sh with the controller back: %v\n%s", err, out)
+		}
+		u.assertNothingLeft(t)
+	})
+}
