@@ -19,6 +19,7 @@ TOOLS=(
 	"govulncheck golang.org/x/vuln/cmd/govulncheck@v1.9.0"
 	"kube-score github.com/zegl/kube-score/cmd/kube-score@v1.20.0"
 	"kubectl-validate sigs.k8s.io/kubectl-validate@v0.0.4"
+	"promtool github.com/prometheus/prometheus/cmd/promtool@v0.316.0"
 )
 
 wanted() { [[ -z "${WANTED}" || " ${WANTED} " == *" $1 "* ]]; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make lint: the outside checkers, at the versions hack/install-tools.sh pins, on the
-# code, the manifests as they are applied and the Helm chart. Exceptions live beside what they excuse,
+# code, the manifests as they are applied, the Helm chart and its alerts. Exceptions live beside what they excuse,
 # each with its reason: `#nosec Gxxx -- why` in the code, pkg/generated/staticcheck.conf,
 # a `kube-score/ignore` annotation in the manifest.
 set -o errexit -o nounset -o pipefail
@@ -48,6 +48,10 @@ echo "lint: helm lint --strict"
 "${TOOLS}/helm" lint --strict --kube-version 1.37.2 charts/student-controller
 "${TOOLS}/helm" template student-controller charts/student-controller --namespace student-controller-system \
 	--include-crds --kube-version 1.37.2 >"${OUT}/chart.yaml"
+
+echo "lint: promtool check rules, promtool test rules (the chart's alerts)"
+"${TOOLS}/promtool" check rules charts/student-controller/files/alerts.yaml
+(cd charts/student-controller/files && "${TOOLS}/promtool" test rules alerts_test.yaml)
 
 echo "lint: kube-score"
 for manifests in default postgres chart; do

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,12 @@ type Metrics struct {
 	sweepDuration     prometheus.Histogram
 	sweepDeleted      prometheus.Counter
 	malformedRows     prometheus.Gauge
+	notReady          prometheus.Gauge
+
+	// notReadyKeys are the Students whose last sync left them not Ready: only those,
+	// so that the set costs nothing while all is well.
+	mu           sync.Mutex
+	notReadyKeys map[string]struct{}
 }
 
 // Results of a reconcile, the label of the reconcile metrics.
@@ -72,9 +79,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "student_controller_registry_malformed_rows",
 			Help: "Rows this controller owns that the last sweep could not read and skipped (written past the schema's checks).",
 		}),
+		notReady: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "student_controller_students_not_ready",
+			Help: "Students whose last sync left them not Ready (invalid spec, registry error, row owned elsewhere); deleted Students are not counted.",
+		}),
+		notReadyKeys: map[string]struct{}{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration, m.sweepDeleted, m.malformedRows)
+		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration, m.sweepDeleted, m.malformedRows, m.notReady)
 	}
 	return m
 }
@@ -86,6 +98,24 @@ func (m *Metrics) observeSync(result string, took time.Duration) {
 	m.reconcileTotal.WithLabelValues(result).Inc()
 	m.reconcileDuration.WithLabelValues(result).Observe(took.Seconds())
 }
+
+// observeReady records whether the Student of key is Ready after its sync.
+func (m *Metrics) observeReady(key string, ready bool) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ready {
+		delete(m.notReadyKeys, key)
+	} else {
+		m.notReadyKeys[key] = struct{}{}
+	}
+	m.notReady.Set(float64(len(m.notReadyKeys)))
+}
+
+// forget drops a Student that is gone or being deleted from the not-Ready count.
+func (m *Metrics) forget(key string) { m.observeReady(key, true) }
 
 // Actions on registry rows, the label of the rows-written metric.
 const (

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
@@ -37,6 +38,7 @@ func registryStatus(row registry.Record) *studentv1.RegistryStatus {
 // updateStatus sets the Ready condition, observedGeneration and registry facts on s
 // and writes the status, only if that changed anything. It reports whether it wrote.
 func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, cond metav1.Condition, reg *studentv1.RegistryStatus) (bool, error) {
+	c.cfg.Metrics.observeReady(cache.MetaObjectToName(s).String(), cond.Status == metav1.ConditionTrue)
 	status := *s.Status.DeepCopy()
 	status.ObservedGeneration = s.Generation
 	status.Registry = reg

@@ -42,6 +42,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	student, err := c.lister.Students(namespace).Get(name)
 	if apierrors.IsNotFound(err) {
 		// Gone: its finalizer saw to its row, or the sweep will.
+		c.cfg.Metrics.forget(key)
 		return nil
 	}
 	if err != nil {
@@ -49,6 +50,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	}
 	ctx = klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "student", klog.KObj(student)))
 	if student.DeletionTimestamp != nil {
+		c.cfg.Metrics.forget(key)
 		return c.finalize(ctx, student)
 	}
 	return c.reconcile(ctx, student)

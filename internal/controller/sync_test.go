@@ -504,3 +504,36 @@ func TestNotLeading(t *testing.T) {
 		}
 	})
 }
+
+// TestNotReadyGauge: student_controller_students_not_ready counts the Students whose
+// last sync left them not Ready, and drops them once Ready, deleted or gone.
+func TestNotReadyGauge(t *testing.T) {
+	invalid := func(s *studentv1.Student) { s.Spec.Name = " " }
+	f := newFixture(t, newStudent("a", invalid), newStudent("b", invalid), newStudent("c"))
+	for _, key := range []string{"school/a", "school/b", "school/c"} {
+		_ = f.ctrl.sync(f.ctx, key) // a and b are refused: terminal
+	}
+	if got := testutil.ToFloat64(f.metrics.notReady); got != 2 {
+		t.Fatalf("not ready after the first syncs: %v, want 2 (a and b)", got)
+	}
+
+	a := f.get("school", "a")
+	a.Spec.Name = "张三"
+	if _, err := f.client.BolingcavalryV1().Students("school").Update(f.ctx, a, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.observe("school", "a")
+	if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.observe("school", "b")
+	if err := f.ctrl.sync(f.ctx, "school/b"); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(f.metrics.notReady); got != 0 {
+		t.Errorf("not ready once a is fixed and b is gone: %v, want 0", got)
+	}
+}
