@@ -76,6 +76,7 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 .PHONY: test
 test: controlplane helm ## Run every test: unit, integration against the real control plane, codegen checks.
 	go test -race -timeout 30m $(GO_TEST_FLAGS) ./...
+	cd hack/tools/image && go test $(GO_TEST_FLAGS) ./...
 
 CHAOS_N ?= 2000
 
