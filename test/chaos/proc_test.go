@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -65,12 +66,15 @@ func (p *proc) running() <-chan struct{} {
 	return p.exited
 }
 
+// errNotRunning: the program has exited (and may be about to start again).
+var errNotRunning = errors.New("not running")
+
 // signal sends sig to the current run, if it runs.
 func (p *proc) signal(sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd == nil || isClosed(p.exited) {
-		return fmt.Errorf("%s is not running", p.name)
+		return fmt.Errorf("%s: %w", p.name, errNotRunning)
 	}
 	return p.cmd.Process.Signal(sig)
 }
