@@ -105,6 +105,15 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		if err := c.mayWrite(); err != nil {
 			return err
 		}
+		if !exists && wasWritten(s) {
+			// The row went missing after it was written. Drift, or this cache is behind
+			// the API server: a replica that has just taken the lead with a watch that
+			// was cut may still hold a Student the previous leader finalized, its row
+			// deleted. Restoring that row would bring it back, at an older generation.
+			if current, err := c.confirmCurrent(ctx, s); !current {
+				return err
+			}
+		}
 		row, err = c.registry.Upsert(ctx, want)
 		if errors.Is(err, registry.ErrNotOwned) {
 			return c.ownedElsewhere(ctx, s, err)
@@ -143,6 +152,34 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		c.recorder.Eventf(s, corev1.EventTypeNormal, EventRowRestored, "Registry row was missing and is written again: %s, %s", row.StudentName, row.School)
 	}
 	return nil
+}
+
+// errCacheBehind: the API server holds a newer version of the Student than the cache;
+// the sync waits for the watch to bring it (retried).
+var errCacheBehind = errors.New("the cache is behind the API server for this Student")
+
+// wasWritten tells whether the Student's status says its row was written before.
+func wasWritten(s *studentv1.Student) bool {
+	return s.Status.Registry != nil && s.Status.Registry.LastWrittenTime != nil
+}
+
+// confirmCurrent asks the API server whether it holds the version of the Student that
+// the cache does. If not, the sync writes nothing: a Student gone (or replaced) ends it
+// (nil error), one changed since is retried (errCacheBehind) once the watch brings the
+// change.
+func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (bool, error) {
+	live, err := c.client.BolingcavalryV1().Students(s.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) || (err == nil && live.UID != s.UID):
+		klog.FromContext(ctx).V(2).Info("Row missing and the Student gone: this cache is behind, nothing to restore")
+		c.cfg.Metrics.forget(cache.MetaObjectToName(s).String())
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("confirm the Student before restoring its row: %w", err)
+	case live.ResourceVersion != s.ResourceVersion:
+		return false, errCacheBehind
+	}
+	return true, nil
 }
 
 // undoStaleWrite deletes the row of a Student that the API server no longer has, when

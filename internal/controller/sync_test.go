@@ -411,28 +411,69 @@ func TestRegistryErrorEventOnce(t *testing.T) {
 // TestNotLeading: a replica that cannot know it still leads (Config.Leading refuses)
 // writes nothing, to the API or the registry, whatever the Student needs, and leaves
 // the key for later; once it may write again, the same sync does the work.
-// TestStaleCache: a replica whose cache is behind still holds a Student that the
-// previous leader finalized (the object is gone, its row deleted). Its sync writes the
-// row again, finds the object gone when it writes status, and deletes that row.
+// TestStaleCache: a replica whose cache is behind the API server (it has just taken the
+// lead with a watch that was cut) writes no row for a Student that is gone, and none
+// from a version that is not the API server's.
 func TestStaleCache(t *testing.T) {
-	f := newFixture(t, newStudent("a", withFinalizer, synced(start)))
-	if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "a", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.client.ClearActions()
-	f.clock.SetTime(start.Add(time.Minute))
-	if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
-		t.Fatalf("sync: %v", err)
-	}
-	if rows := f.rows(); len(rows) != 0 {
-		t.Errorf("rows after the sync: %v, want none: the Student is gone", rows)
-	}
-	if diff := cmp.Diff([]string{"update students/status"}, f.writes()); diff != "" {
-		t.Errorf("API writes (-want +got):\n%s", diff)
-	}
-	if got := testutil.ToFloat64(f.metrics.rowsWritten.WithLabelValues(rowDeleted)); got != 1 {
-		t.Errorf("rows written with action deleted: %v, want 1", got)
-	}
+	// Its row was written, then deleted by the previous leader's finalizer: the
+	// registry must not see it again, even for a moment.
+	t.Run("restore for a Student gone", func(t *testing.T) {
+		f := newFixture(t, newStudent("a", withFinalizer, synced(start)))
+		if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.client.ClearActions()
+		f.clock.SetTime(start.Add(time.Minute))
+		if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+			t.Fatalf("sync: %v", err)
+		}
+		if rows := f.rows(); len(rows) != 0 {
+			t.Errorf("rows after the sync: %v, want none: the Student is gone", rows)
+		}
+		if got := f.writes(); len(got) != 0 {
+			t.Errorf("API writes: %v, want none", got)
+		}
+	})
+
+	// The API server has a newer version: the sync waits for the watch to bring it.
+	t.Run("restore from an older version", func(t *testing.T) {
+		f := newFixture(t, newStudent("a", withFinalizer, synced(start)))
+		live := f.get("school", "a")
+		live.Spec.School = "北京四中"
+		live.ResourceVersion = "2" // the fake keeps what it is given; an API server moves it
+		if _, err := f.client.BolingcavalryV1().Students("school").Update(f.ctx, live, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.client.ClearActions()
+		if err := f.ctrl.sync(f.ctx, "school/a"); !errors.Is(err, errCacheBehind) {
+			t.Fatalf("sync: %v, want errCacheBehind", err)
+		}
+		if rows := f.rows(); len(rows) != 0 {
+			t.Errorf("rows after the sync: %v, want none until the cache catches up", rows)
+		}
+	})
+
+	// A first write cannot be told from a stale one without a request per new Student;
+	// when the status write finds the Student gone, the row is deleted again.
+	t.Run("first write for a Student gone", func(t *testing.T) {
+		f := newFixture(t, newStudent("a", withFinalizer))
+		if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.client.ClearActions()
+		if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+			t.Fatalf("sync: %v", err)
+		}
+		if rows := f.rows(); len(rows) != 0 {
+			t.Errorf("rows after the sync: %v, want none: the Student is gone", rows)
+		}
+		if diff := cmp.Diff([]string{"update students/status"}, f.writes()); diff != "" {
+			t.Errorf("API writes (-want +got):\n%s", diff)
+		}
+		if got := testutil.ToFloat64(f.metrics.rowsWritten.WithLabelValues(rowDeleted)); got != 1 {
+			t.Errorf("rows written with action deleted: %v, want 1", got)
+		}
+	})
 }
 
 func TestNotLeading(t *testing.T) {

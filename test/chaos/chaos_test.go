@@ -345,9 +345,10 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 		return seen, 0, err
 
 	case faultLeaderKilled:
-		leader := w.ctrl.leader()
-		if leader == nil {
-			return time.Time{}, 0, errors.New("no leader to kill")
+		// The lead may be changing hands after the fault before: wait for a leader.
+		leader, _, err := w.ctrl.waitLeader(ctx, nil, time.Minute)
+		if err != nil {
+			return time.Time{}, 0, fmt.Errorf("no leader to kill: %w", err)
 		}
 		killed := time.Now()
 		if err := leader.kill(); err != nil {
@@ -359,9 +360,9 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 		return seen, seen.Sub(killed), err
 
 	case faultLeaderPaused:
-		leader := w.ctrl.leader()
-		if leader == nil {
-			return time.Time{}, 0, errors.New("no leader to pause")
+		leader, _, err := w.ctrl.waitLeader(ctx, nil, time.Minute)
+		if err != nil {
+			return time.Time{}, 0, fmt.Errorf("no leader to pause: %w", err)
 		}
 		paused := time.Now()
 		if err := leader.signal(syscall.SIGSTOP); err != nil {
