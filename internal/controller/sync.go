@@ -129,7 +129,7 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		switch {
 		case exists:
 			action = rowUpdated
-		case s.Status.Registry != nil && s.Status.Registry.LastWrittenTime != nil:
+		case wasWritten(s):
 			// Status says a row was written before: it went missing.
 			action = rowRestored
 		default:

@@ -113,7 +113,7 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := &runResult{Registry: reg, LogDir: dir}
+	res := &runResult{Registry: reg}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("CHAOS_KEEP_LOGS") != "" {
 			t.Logf("logs of the run kept in %s", dir)

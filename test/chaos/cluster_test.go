@@ -168,15 +168,14 @@ func (c *cluster) install(ctx context.Context) error {
 	if err := controlplane.InstallAdmissionPolicy(ctx, c.admin, c.root); err != nil {
 		return err
 	}
-	kube := kubernetes.NewForConfigOrDie(c.admin)
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := createNamespace(ctx, c.admin, systemNamespace); err != nil {
 		return err
 	}
 	out, err := exec.CommandContext(ctx, "kubectl", "--kubeconfig", c.adminKubeconfig, "apply", "-k", filepath.Join(c.root, "config", "rbac")).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("kubectl apply -k config/rbac: %v\n%s", err, out)
 	}
-	sas := kube.CoreV1().ServiceAccounts(systemNamespace)
+	sas := kubernetes.NewForConfigOrDie(c.admin).CoreV1().ServiceAccounts(systemNamespace)
 	tr, err := sas.CreateToken(ctx, serviceAccount, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64((6 * time.Hour).Seconds()))},
 	}, metav1.CreateOptions{})
@@ -287,4 +286,14 @@ func writeKubeconfig(path string, cfg *rest.Config) (string, error) {
 	kc.Contexts["chaos"] = &clientcmdapi.Context{Cluster: "chaos", AuthInfo: "chaos"}
 	kc.CurrentContext = "chaos"
 	return path, clientcmd.WriteToFile(*kc, path)
+}
+
+// createNamespace creates a namespace unless it exists.
+func createNamespace(ctx context.Context, cfg *rest.Config, name string) error {
+	_, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Namespaces().Create(ctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
 }

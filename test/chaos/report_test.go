@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,12 +8,6 @@ import (
 	"runtime"
 	"strings"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -49,7 +42,6 @@ type runResult struct {
 	GenerationReads int               `json:"registryReadsForGenerations"`
 	Phases          []phaseResult     `json:"phases"`
 	Final           []invariantResult `json:"final"`
-	LogDir          string            `json:"-"`
 }
 
 // phaseResult is one bulk and its fault.
@@ -161,13 +153,4 @@ func (rep *report) write(dir string) error {
 		return err
 	}
 	return os.WriteFile(base+".md", []byte(rep.markdown()), 0o644)
-}
-
-func createNamespace(ctx context.Context, cfg *rest.Config, name string) error {
-	_, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		return nil
-	}
-	return err
 }

@@ -87,6 +87,22 @@ func runTests(m *testing.M) int {
 	return m.Run()
 }
 
+// ownControlPlane starts a control plane for one test that needs its own (flags of its
+// own, or a CRD it deletes), and stops it when the test ends.
+func ownControlPlane(t *testing.T, opts controlplane.Options) *controlplane.Env {
+	t.Helper()
+	cp, err := controlplane.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cp.Stop(); err != nil {
+			t.Errorf("stop the control plane: %v", err)
+		}
+	})
+	return cp
+}
+
 // keepFuzzPipesFromChildren marks a fuzz worker's pipes to its coordinator (file
 // descriptors 3, 4 and 5, which Go's fuzzing engine hands over) close-on-exec. Without
 // it etcd, kube-apiserver and PostgreSQL inherit them; and when the engine kills a

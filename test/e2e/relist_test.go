@@ -39,18 +39,10 @@ import (
 // every second. The controller's connection is cut by its own transport: running
 // watches are closed and new ones refused until the test lets them through.
 func TestRelist(t *testing.T) {
-	cp, err := controlplane.Start(controlplane.Options{APIServerFlags: map[string]string{
+	cp := ownControlPlane(t, controlplane.Options{APIServerFlags: map[string]string{
 		"watch-cache":              "false",
 		"etcd-compaction-interval": "1s",
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cp.Stop(); err != nil {
-			t.Errorf("stop the control plane: %v", err)
-		}
-	})
 	ctx := context.Background()
 	testCfg := rest.CopyConfig(cp.Config)
 	testCfg.QPS, testCfg.Burst = -1, 0 // the test's own polling is never held back
