@@ -34,6 +34,9 @@ func main() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGOGC)
 	}
+	if len(os.Args) > 1 && os.Args[1] == "registry" {
+		os.Exit(registryCommand(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
+	}
 	klog.InitFlags(nil)
 	var opts options
 	opts.addFlags(flag.CommandLine)

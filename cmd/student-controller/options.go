@@ -11,24 +11,26 @@ import (
 
 // options are the command-line flags.
 type options struct {
-	kubeconfig        string
-	master            string
-	namespace         string
-	qps               float64
-	burst             int
-	workers           int
-	registryURL       string
-	passwordFile      string
-	maxOpenConns      int
-	maxIdleConns      int
-	connMaxLifetime   time.Duration
-	owner             string
-	sweepInterval     time.Duration
-	sweepMaxDeletions int
-	resyncPeriod      time.Duration
-	syncTimeout       time.Duration
-	shutdownTimeout   time.Duration
-	rateLimiter       string
+	kubeconfig              string
+	master                  string
+	namespace               string
+	qps                     float64
+	burst                   int
+	workers                 int
+	registryURL             string
+	passwordFile            string
+	maxOpenConns            int
+	maxIdleConns            int
+	connMaxLifetime         time.Duration
+	owner                   string
+	sweepInterval           time.Duration
+	sweepMaxDeletions       int
+	sweepMaxDeletionPercent int
+	sqliteShared            bool
+	resyncPeriod            time.Duration
+	syncTimeout             time.Duration
+	shutdownTimeout         time.Duration
+	rateLimiter             string
 
 	leaderElect          bool
 	leaderElectNamespace string
@@ -65,7 +67,12 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.sweepInterval, "sweep-interval", 5*time.Minute,
 		"How often to compare the whole registry with the Students, repair drift and delete orphan rows. 0 turns it off.")
 	fs.IntVar(&o.sweepMaxDeletions, "sweep-max-deletions", 100,
-		"A sweep that would delete more orphan rows than this deletes none and reports it.")
+		"A sweep that would let go of (delete or release) more orphan rows than this lets go of none and reports it.")
+	fs.IntVar(&o.sweepMaxDeletionPercent, "sweep-max-deletion-percent", 50,
+		"A sweep that would let go of more than this share of the rows the owner holds (at least one row) lets go of none and reports it.")
+	fs.BoolVar(&o.sqliteShared, "sqlite-shared-file", false,
+		"With --leader-elect and a SQLite registry: say that every replica opens the same file (one shared volume). Without it the "+
+			"combination is refused, since replicas with a file each would split the registry.")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Minute, "How often every Student is synced again even without a change.")
 	fs.DurationVar(&o.syncTimeout, "sync-timeout", 30*time.Second, "Time limit of one sync; also bounds the drain on shutdown.")
 	fs.StringVar(&o.rateLimiter, "workqueue-rate-limiter", "external-io",
@@ -92,17 +99,23 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"Address of Go's /debug/pprof/ profiling endpoints, e.g. 127.0.0.1:6060; 0 (the default) turns them off. They are not authenticated: bind them to localhost.")
 }
 
-// registryPassword is the password from --registry-password-file or REGISTRY_PASSWORD,
-// if either gives one.
-func (o *options) registryPassword() (string, error) {
-	if o.passwordFile != "" {
-		b, err := os.ReadFile(o.passwordFile)
-		if err != nil {
-			return "", fmt.Errorf("--registry-password-file: %w", err)
+// registryPassword reads the password from --registry-password-file, else from
+// REGISTRY_PASSWORD; nil when neither gives one. The file is read for every new
+// connection, so a rotated Secret takes effect without a restart.
+func (o *options) registryPassword() func() (string, error) {
+	if file := o.passwordFile; file != "" {
+		return func() (string, error) {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return "", fmt.Errorf("--registry-password-file: %w", err)
+			}
+			return strings.TrimRight(string(b), "\r\n"), nil
 		}
-		return strings.TrimRight(string(b), "\r\n"), nil
 	}
-	return os.Getenv("REGISTRY_PASSWORD"), nil
+	if pw := os.Getenv("REGISTRY_PASSWORD"); pw != "" {
+		return func() (string, error) { return pw, nil }
+	}
+	return nil
 }
 
 func (o *options) validate() error {
@@ -118,6 +131,13 @@ func (o *options) validate() error {
 	}
 	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 {
 		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions and --resync-period must not be negative"))
+	}
+	if o.sweepMaxDeletionPercent < 1 || o.sweepMaxDeletionPercent > 100 {
+		errs = append(errs, fmt.Errorf("--sweep-max-deletion-percent must be within 1 and 100, got %d", o.sweepMaxDeletionPercent))
+	}
+	if o.leaderElect && strings.HasPrefix(o.registryURL, "sqlite:") && !o.sqliteShared {
+		errs = append(errs, errors.New("--leader-elect with a SQLite registry: replicas with a file each would split the registry. "+
+			"Run one replica without --leader-elect, use PostgreSQL, or say --sqlite-shared-file if every replica opens the same file"))
 	}
 	if o.maxOpenConns < 1 || o.maxIdleConns < 0 || o.connMaxLifetime <= 0 {
 		errs = append(errs, errors.New("--registry-max-open-conns must be at least 1, --registry-max-idle-conns not negative, --registry-conn-max-lifetime positive"))

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -46,12 +47,8 @@ func run(ctx context.Context, opts options) error {
 	}
 	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
 
-	password, err := opts.registryPassword()
-	if err != nil {
-		return err
-	}
 	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{
-		Password:        password,
+		Password:        opts.registryPassword(),
 		MaxOpenConns:    opts.maxOpenConns,
 		MaxIdleConns:    opts.maxIdleConns,
 		ConnMaxLifetime: opts.connMaxLifetime,
@@ -75,18 +72,28 @@ func run(ctx context.Context, opts options) error {
 	}
 	// With leader election the gate is the elector's; without, it always says yes.
 	gate := &leaseGate{}
+	kubeClient, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	cluster, err := bindCluster(ctx, kubeClient, reg, opts.owner)
+	if err != nil {
+		return err
+	}
 	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
 		Namespace:    opts.namespace,
 		ResyncPeriod: opts.resyncPeriod,
 		Config: controller.Config{
-			Owner:             opts.owner,
-			SweepInterval:     opts.sweepInterval,
-			SweepMaxDeletions: opts.sweepMaxDeletions,
-			SyncTimeout:       opts.syncTimeout,
-			RateLimiter:       rateLimiter,
-			SweepEventTarget:  podReference(),
-			Metrics:           metrics,
-			Leading:           gate.check,
+			Owner:                   opts.owner,
+			Cluster:                 cluster,
+			SweepInterval:           opts.sweepInterval,
+			SweepMaxDeletions:       opts.sweepMaxDeletions,
+			SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent,
+			SyncTimeout:             opts.syncTimeout,
+			RateLimiter:             rateLimiter,
+			SweepEventTarget:        podReference(),
+			Metrics:                 metrics,
+			Leading:                 gate.check,
 		},
 	})
 	if err != nil {
@@ -105,7 +112,7 @@ func run(ctx context.Context, opts options) error {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
 	if opts.probeAddr != "0" {
-		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(ctrl.HasSynced, reg.Ping, watchdog), ReadHeaderTimeout: 5 * time.Second}
+		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(ctrl.HasSynced, watchdog), ReadHeaderTimeout: 5 * time.Second}
 		if err := listenAndServe(serveCtx, &servers, probes, "probes"); err != nil {
 			return err
 		}
@@ -134,6 +141,38 @@ func run(ctx context.Context, opts options) error {
 	return runLeading(ctx, opts, wiring.KubeClient, wiring.Recorder, watchdog, gate, func(ctx context.Context) error {
 		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
 	})
+}
+
+// clusterID names the cluster a client reaches: the UID of its kube-system namespace,
+// which lives as long as the cluster does.
+func clusterID(ctx context.Context, client kubernetes.Interface) (string, error) {
+	ns, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("read the cluster's identity (the UID of namespace kube-system): %w", err)
+	}
+	return string(ns.UID), nil
+}
+
+// bindCluster binds the owner to this cluster in the registry on first use, and
+// refuses to go on when the registry binds it to another: a wrong kubeconfig would
+// otherwise make every row look like an orphan.
+func bindCluster(ctx context.Context, client kubernetes.Interface, reg *registry.Registry, owner string) (string, error) {
+	cluster, err := clusterID(ctx, client)
+	if err != nil {
+		return "", err
+	}
+	b, err := reg.Bind(ctx, owner, cluster)
+	if errors.Is(err, registry.ErrOtherCluster) {
+		return "", fmt.Errorf("%w. Writing nothing: check --kubeconfig and --registry. If the owner's rows really are to follow "+
+			"this cluster now (a rebuilt cluster, a registry moved), move the owner explicitly, with this kubeconfig: "+
+			"student-controller registry move-cluster --registry-owner %s --from %s (and the same --registry and --kubeconfig)",
+			err, owner, b.Cluster)
+	}
+	if err != nil {
+		return "", err
+	}
+	klog.FromContext(ctx).Info("Registry owner bound to this cluster", "owner", owner, "cluster", cluster, "since", b.BoundAt)
+	return cluster, nil
 }
 
 // drained runs fn until ctx is done, and then waits for fn to drain, at most

@@ -42,20 +42,29 @@ type Registry interface {
 	Upsert(ctx context.Context, rec registry.Record) (registry.Record, error)
 	Delete(ctx context.Context, uid, owner string) (bool, error)
 	Release(ctx context.Context, rec registry.Record) (bool, error)
+	Relinquish(ctx context.Context, uid, owner string) (registry.Outcome, error)
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	Bind(ctx context.Context, owner, cluster string) (registry.Binding, error)
 }
 
 // Config tunes a Controller. Owner is required; zero values elsewhere take defaults.
 type Config struct {
 	// Owner marks the rows this controller writes; it never changes another owner's rows.
 	Owner string
+	// Cluster identifies the cluster the Students live in (its kube-system namespace's
+	// UID). When set, every sweep first checks that the registry binds Owner to it, and
+	// the controller stops if not: another cluster's controller took the owner over.
+	Cluster string
 	// SweepInterval is how often the registry is compared with the Students; 0 turns the
 	// periodic sweep off.
 	SweepInterval time.Duration
-	// SweepMaxDeletions bounds the orphan rows one sweep deletes: a sweep that would
-	// delete more deletes none and reports it, since that is likelier a fault (a wrong
-	// cluster, a deleted CRD) than real deletions.
-	SweepMaxDeletions int
+	// SweepMaxDeletions bounds the orphan rows one sweep deletes or releases: a sweep
+	// that would touch more touches none and reports it, since that is likelier a fault
+	// (a wrong cluster, a deleted CRD, a cache that lost its Students) than real
+	// deletions. SweepMaxDeletionPercent bounds them too, as a share of the rows the
+	// owner holds (at least one row); 0 means 50.
+	SweepMaxDeletions       int
+	SweepMaxDeletionPercent int
 	// SyncTimeout bounds one sync, registry and API calls included. It also bounds the
 	// drain on shutdown: work in flight finishes, within this time.
 	SyncTimeout time.Duration
@@ -133,6 +142,12 @@ func New(ctx context.Context, client versioned.Interface, informer informers.Stu
 	}
 	if cfg.SweepMaxDeletions < 0 {
 		return nil, fmt.Errorf("sweep max deletions must not be negative, got %d", cfg.SweepMaxDeletions)
+	}
+	if cfg.SweepMaxDeletionPercent < 0 || cfg.SweepMaxDeletionPercent > 100 {
+		return nil, fmt.Errorf("sweep max deletion percent must be within 0 and 100, got %d", cfg.SweepMaxDeletionPercent)
+	}
+	if cfg.SweepMaxDeletionPercent == 0 {
+		cfg.SweepMaxDeletionPercent = 50
 	}
 	if cfg.RateLimiter == nil {
 		cfg.RateLimiter = DefaultRateLimiter()
@@ -230,6 +245,9 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		return errors.New("the Student cache did not sync before shutdown")
 	}
 
+	// A sweep that finds the owner bound to another cluster stops the controller.
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -243,6 +261,10 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 				start := time.Now()
 				result, err := c.Sweep(ctx)
 				c.cfg.Metrics.observeSweep(result, err, time.Since(start))
+				if errors.Is(err, registry.ErrOtherCluster) {
+					stop(err)
+					return
+				}
 				if err != nil {
 					utilruntime.HandleErrorWithContext(ctx, err, "Sweep failed; the next one retries")
 				}
@@ -256,6 +278,9 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	c.queue.ShutDown()
 	wg.Wait()
 	logger.Info("Controller stopped")
+	if err := context.Cause(ctx); errors.Is(err, registry.ErrOtherCluster) {
+		return err
+	}
 	return nil
 }
 

@@ -63,7 +63,10 @@ type SweepResult struct {
 	Rows    int // owned rows compared
 	Resync  int // Students queued to repair their rows
 	Orphans int // owned rows without a Student
-	Deleted int // orphan rows deleted
+	Deleted int // orphan rows deleted (their deletion policy is Delete)
+	// Released are orphan rows released as they stood: their policy is Orphan, or not
+	// recorded yet. No path that finds a row without its Student deletes such a row.
+	Released int
 	// Live are orphans by the cache whose Student the API server still has: the cache
 	// was behind (a watch cut, a new leader's first minutes), and the row stays.
 	Live int
@@ -71,16 +74,23 @@ type SweepResult struct {
 	// rewrite them, and rows of no Student are left to whoever wrote them.
 	Malformed int
 	// Refused is set when the orphans were more than the safety bound allows, and
-	// none was deleted.
+	// none was deleted or released.
 	Refused bool
 }
 
 // Sweep compares every row this controller owns with the Students in the cache: rows
 // that are missing or differ are repaired by queueing their Student, and owned rows
-// whose Student is gone are deleted, unless there are more of them than
-// SweepMaxDeletions. Run only calls it once the cache has synced.
+// whose Student is gone are let go per the policy they record (deleted or released),
+// unless there are more of them than the bound allows. Run only calls it once the
+// cache has synced.
 func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	logger := klog.FromContext(ctx)
+	if c.cfg.Cluster != "" {
+		// The owner may have been moved to another cluster while this one ran.
+		if _, err := c.registry.Bind(ctx, c.cfg.Owner, c.cfg.Cluster); err != nil {
+			return SweepResult{}, fmt.Errorf("sweep: %w", err)
+		}
+	}
 	// Rows first, cache second: a Student deleted in between has had its row deleted by
 	// its finalizer, so a stale row read here at worst costs a delete that finds nothing.
 	rows, malformed, err := c.registry.List(ctx, c.cfg.Owner)
@@ -102,12 +112,14 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		// The next leader's sweep does it, or this one's once it has renewed.
 		return result, fmt.Errorf("sweep: %w", err)
 	}
-	if len(plan.Orphans) > c.cfg.SweepMaxDeletions {
+	if bound := c.sweepBound(len(rows)); len(plan.Orphans) > bound {
 		result.Refused = true
-		msg := fmt.Sprintf("Sweep refused to delete %d orphan registry rows: more than the bound of %d (--sweep-max-deletions). "+
-			"Check that the controller watches the right cluster; raise the bound to let the deletion happen",
-			len(plan.Orphans), c.cfg.SweepMaxDeletions)
-		logger.Error(nil, msg, "orphans", len(plan.Orphans), "bound", c.cfg.SweepMaxDeletions, "students", len(students))
+		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
+			"more than it lets go at once (%d). A controller that watches the wrong cluster or namespaces, or a Student CRD "+
+			"deleted or not yet served, looks like this. Nothing was deleted or released; the rows stay until their "+
+			"Students are seen again. If the Students really are gone, delete the Students' rows from the registry by hand "+
+			"(or in steps the bound allows)", len(plan.Orphans), len(rows), bound)
+		logger.Error(nil, msg, "orphans", len(plan.Orphans), "rows", len(rows), "bound", bound, "students", len(students))
 		if c.cfg.SweepEventTarget != nil {
 			c.recorder.Event(c.cfg.SweepEventTarget, corev1.EventTypeWarning, EventSweepRefused, msg)
 		}
@@ -131,19 +143,27 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			result.Live++
 			continue
 		}
-		deleted, err := c.registry.Delete(ctx, row.UID, c.cfg.Owner)
+		outcome, err := c.registry.Relinquish(ctx, row.UID, c.cfg.Owner)
 		if err != nil && !errors.Is(err, registry.ErrNotOwned) {
 			errs = append(errs, err)
 			continue
 		}
-		if deleted {
+		switch outcome {
+		case registry.Deleted:
 			result.Deleted++
-			logger.V(2).Info("Sweep deleted an orphan registry row", "uid", row.UID, "student", klog.KRef(row.Namespace, row.Name))
+			c.cfg.Metrics.observeRow(rowDeleted)
+		case registry.Released:
+			result.Released++
+			c.cfg.Metrics.observeRow(rowReleased)
+		}
+		if outcome != registry.Absent {
+			logger.V(2).Info("Sweep let go of an orphan registry row", "action", outcome, "deletionPolicy", row.DeletionPolicy,
+				"uid", row.UID, "student", klog.KRef(row.Namespace, row.Name))
 		}
 	}
 	if result.Resync > 0 || result.Orphans > 0 || len(errs) > 0 {
-		logger.Info("Sweep found rows to repair or delete", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans,
-			"deleted", result.Deleted, "studentStillThere", result.Live)
+		logger.Info("Sweep found rows to repair or let go", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans,
+			"deleted", result.Deleted, "released", result.Released, "studentStillThere", result.Live)
 	} else {
 		logger.V(4).Info("Sweep found no drift", "rows", result.Rows)
 	}
@@ -151,6 +171,12 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		return result, fmt.Errorf("sweep: %w", errors.Join(errs...))
 	}
 	return result, nil
+}
+
+// sweepBound is the most orphan rows one sweep lets go of, out of the rows the owner
+// holds: SweepMaxDeletions, and SweepMaxDeletionPercent of them (at least one).
+func (c *Controller) sweepBound(rows int) int {
+	return min(c.cfg.SweepMaxDeletions, max(1, rows*c.cfg.SweepMaxDeletionPercent/100))
 }
 
 // studentExists asks the API server whether the Student of a row exists: by the

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -106,15 +107,16 @@ func TestSweep(t *testing.T) {
 			wantEvents:  []string{"Warning SweepRefused"},
 		},
 		"cache behind: a Student the API server has keeps its row": {
-			students:  []*studentv1.Student{newStudent("a")},
+			students:  []*studentv1.Student{newStudent("a"), newStudent("b")},
 			notCached: []*studentv1.Student{newStudent("late")},
 			rows: []registry.Record{
 				recordOf(owner, newStudent("a")),
+				recordOf(owner, newStudent("b")),
 				recordOf(owner, newStudent("late")),
 				recordOf(owner, newStudent("gone")),
 			},
-			wantResult: SweepResult{Rows: 3, Orphans: 2, Deleted: 1, Live: 1},
-			wantRows:   []string{"uid-a", "uid-late"},
+			wantResult: SweepResult{Rows: 4, Orphans: 2, Deleted: 1, Live: 1},
+			wantRows:   []string{"uid-a", "uid-b", "uid-late"},
 		},
 		"same name, another UID: the row is an orphan": {
 			notCached:  []*studentv1.Student{newStudent("a", func(s *studentv1.Student) { s.UID = "uid-a-recreated" })},
@@ -122,8 +124,32 @@ func TestSweep(t *testing.T) {
 			wantResult: SweepResult{Rows: 1, Orphans: 1, Deleted: 1},
 		},
 		"at the bound": {
-			rows:       []registry.Record{recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
-			wantResult: SweepResult{Rows: 2, Orphans: 2, Deleted: 2},
+			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
+			rows: []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b")),
+				recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
+			wantResult: SweepResult{Rows: 4, Orphans: 2, Deleted: 2},
+			wantRows:   []string{"uid-a", "uid-b"},
+		},
+		// A wrong kubeconfig, a CRD gone: most of what the owner holds looks orphaned.
+		"more than half of the owner's rows: refused, below the absolute bound too": {
+			students: []*studentv1.Student{newStudent("a")},
+			rows: []registry.Record{recordOf(owner, newStudent("a")),
+				recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
+			wantResult: SweepResult{Rows: 3, Orphans: 2, Refused: true},
+			wantRows:   []string{"uid-a", "uid-x", "uid-y"},
+		},
+		// The finalizer removed behind the controller's back, then the Student deleted.
+		"lost finalizer: an Orphan row is released, not deleted": {
+			students:   []*studentv1.Student{newStudent("a"), newStudent("b")},
+			rows:       []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b")), recordOf(owner, newStudent("kept", orphan))},
+			wantResult: SweepResult{Rows: 3, Orphans: 1, Released: 1},
+			wantRows:   []string{"uid-a", "uid-b", "uid-kept"},
+		},
+		"a row written before policies were recorded is released": {
+			students:   []*studentv1.Student{newStudent("a"), newStudent("b")},
+			rows:       []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b")), unknownPolicy(recordOf(owner, newStudent("old")))},
+			wantResult: SweepResult{Rows: 3, Orphans: 1, Released: 1},
+			wantRows:   []string{"uid-a", "uid-b", "uid-old"},
 		},
 	}
 	for name, tc := range tests {
@@ -163,6 +189,28 @@ func TestSweep(t *testing.T) {
 				t.Errorf("events (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func unknownPolicy(r registry.Record) registry.Record {
+	r.DeletionPolicy = ""
+	return r
+}
+
+// TestSweepOtherCluster: a controller whose cluster is not the one the registry binds
+// its owner to lets nothing go, and says why.
+func TestSweepOtherCluster(t *testing.T) {
+	f := newFixture(t)
+	f.put(recordOf(owner, newStudent("x")))
+	if _, err := f.registry.Bind(f.ctx, owner, "cluster-a"); err != nil {
+		t.Fatal(err)
+	}
+	f.ctrl.cfg.Cluster = "cluster-b"
+	if _, err := f.ctrl.Sweep(f.ctx); !errors.Is(err, registry.ErrOtherCluster) {
+		t.Errorf("sweep: %v, want ErrOtherCluster", err)
+	}
+	if _, ok := f.rows()["uid-x"]; !ok {
+		t.Error("the row is gone")
 	}
 }
 

@@ -182,23 +182,29 @@ func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (
 	return true, nil
 }
 
-// undoStaleWrite deletes the row of a Student that the API server no longer has, when
-// the status write that follows a row write finds it gone. This cache was behind: a
-// replica that has just taken the lead, or whose watch was cut, can still hold a
+// undoStaleWrite lets go of the row of a Student that the API server no longer has,
+// when the status write that follows a row write finds it gone. This cache was behind:
+// a replica that has just taken the lead, or whose watch was cut, can still hold a
 // Student that the previous leader finalized, its row deleted; the sync then wrote
 // the row again. Left there, it would be an owned row without a Student until the next
-// sweep. A released row (Orphan) is not ours and stays.
+// sweep. The row goes per the policy it records: a Delete row is deleted, an Orphan
+// row released. A row already released is not ours and stays.
 func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
 	if err := c.mayWrite(); err != nil {
 		return err
 	}
-	deleted, err := c.registry.Delete(ctx, string(s.UID), c.cfg.Owner)
+	outcome, err := c.registry.Relinquish(ctx, string(s.UID), c.cfg.Owner)
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) {
-		return fmt.Errorf("the Student is gone; delete the row this sync wrote from a stale cache: %w", err)
+		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
-	if deleted {
+	switch outcome {
+	case registry.Deleted:
 		c.cfg.Metrics.observeRow(rowDeleted)
-		klog.FromContext(ctx).Info("The Student was gone when its status was written: deleted the row written from a cache that was behind")
+	case registry.Released:
+		c.cfg.Metrics.observeRow(rowReleased)
+	}
+	if outcome != registry.Absent {
+		klog.FromContext(ctx).Info("The Student was gone when its status was written: let go of the row written from a cache that was behind", "action", outcome)
 	}
 	return nil
 }
@@ -222,7 +228,7 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	action := rowDeleted
 	if s.Spec.DeletionPolicy == studentv1.DeletionPolicyOrphan {
 		action = rowReleased
-		done, err = c.registry.Release(ctx, recordOf(c.cfg.Owner, s))
+		done, err = c.release(ctx, s)
 	} else {
 		done, err = c.registry.Delete(ctx, uid, c.cfg.Owner)
 	}
@@ -249,11 +255,31 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	return nil
 }
 
+// release releases the row of an Orphan Student being deleted, with its last spec;
+// a spec that the registry cannot hold (stored before the CRD refused it) leaves the
+// row's values as they were last written, so that the deletion still finishes.
+func (c *Controller) release(ctx context.Context, s *studentv1.Student) (bool, error) {
+	rec := recordOf(c.cfg.Owner, s)
+	if ValidateSpec(s.Spec) != "" {
+		stored, err := c.registry.Get(ctx, rec.UID)
+		if errors.Is(err, registry.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		rec.StudentName, rec.School, rec.Generation = stored.StudentName, stored.School, stored.Generation
+	}
+	return c.registry.Release(ctx, rec)
+}
+
 // registryFailed reports a registry failure on the Student and returns it for retry.
+// Status and Events, which every tenant reads, get a fixed message; the cause (hosts,
+// users, database and file names) goes only to the controller's log, with the error.
 func (c *Controller) registryFailed(ctx context.Context, s *studentv1.Student, cause error) error {
-	msg := "Registry unavailable: " + cause.Error()
+	msg := "The registry did not answer or refused the write; the controller retries (its log has the cause)"
 	if s.DeletionTimestamp != nil {
-		msg = "Waiting for the registry to let the row go: " + cause.Error()
+		msg = "Waiting for the registry to let the row go; the controller retries (its log has the cause)"
 	}
 	changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRegistryUnavailable, msg), s.Status.Registry)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -284,13 +310,14 @@ func (c *Controller) ownedElsewhere(ctx context.Context, s *studentv1.Student, c
 // recordOf is the registry row that a Student should have, written by owner.
 func recordOf(owner string, s *studentv1.Student) registry.Record {
 	return registry.Record{
-		UID:         string(s.UID),
-		Namespace:   s.Namespace,
-		Name:        s.Name,
-		StudentName: s.Spec.Name,
-		School:      s.Spec.School,
-		Owner:       owner,
-		Generation:  s.Generation,
+		UID:            string(s.UID),
+		Namespace:      s.Namespace,
+		Name:           s.Name,
+		StudentName:    s.Spec.Name,
+		School:         s.Spec.School,
+		Owner:          owner,
+		Generation:     s.Generation,
+		DeletionPolicy: string(policy(s)),
 	}
 }
 
@@ -298,7 +325,7 @@ func recordOf(owner string, s *studentv1.Student) registry.Record {
 func sameRow(row, want registry.Record) bool {
 	return row.UID == want.UID && row.Namespace == want.Namespace && row.Name == want.Name &&
 		row.StudentName == want.StudentName && row.School == want.School &&
-		row.Owner == want.Owner && row.Generation == want.Generation
+		row.Owner == want.Owner && row.Generation == want.Generation && row.DeletionPolicy == want.DeletionPolicy
 }
 
 func policy(s *studentv1.Student) studentv1.DeletionPolicy {
@@ -312,15 +339,24 @@ func policy(s *studentv1.Student) studentv1.DeletionPolicy {
 // written past it; it returns what is wrong, or "".
 func ValidateSpec(spec studentv1.StudentSpec) string {
 	blank := func(s string) bool { return len(s) == 0 || strings.TrimSpace(s) == "" }
+	// The CRD's [[:cntrl:]]: PostgreSQL's TEXT cannot hold NUL, and the others show as
+	// nothing in a display name.
+	control := func(s string) bool {
+		return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
+	}
 	switch {
 	case blank(spec.Name):
 		return "spec.name must not be empty or blank"
 	case utf8.RuneCountInString(spec.Name) > 128:
 		return fmt.Sprintf("spec.name is %d characters long, more than 128", utf8.RuneCountInString(spec.Name))
+	case control(spec.Name):
+		return "spec.name must not hold control characters (U+0000 to U+001F, U+007F)"
 	case blank(spec.School):
 		return "spec.school must not be empty or blank"
 	case utf8.RuneCountInString(spec.School) > 256:
 		return fmt.Sprintf("spec.school is %d characters long, more than 256", utf8.RuneCountInString(spec.School))
+	case control(spec.School):
+		return "spec.school must not hold control characters (U+0000 to U+001F, U+007F)"
 	case spec.DeletionPolicy != "" && spec.DeletionPolicy != studentv1.DeletionPolicyDelete && spec.DeletionPolicy != studentv1.DeletionPolicyOrphan:
 		return fmt.Sprintf("spec.deletionPolicy %q is neither Delete nor Orphan", spec.DeletionPolicy)
 	}

@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,7 +124,25 @@ func TestSync(t *testing.T) {
 		"delete with policy Orphan": {
 			student:    newStudent("a", orphan, withFinalizer, synced(start), deleting),
 			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
-			wantRows:   map[string]row{}, // released: no owner, so in neither owner's list
+			wantRows:   map[string]row{"uid-a": {"", "张三", "深圳中学", 1, later}}, // released: no owner
+			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantWrites: []string{"update students"},
+			wantRow:    rowReleased,
+		},
+		"control character in the spec: refused, no row": {
+			student:    newStudent("a", func(s *studentv1.Student) { s.Spec.Name = "a\x00b" }),
+			wantErr:    "terminal",
+			wantRows:   map[string]row{},
+			wantReady:  &readyState{metav1.ConditionFalse, studentv1.ReasonInvalidSpec, time.Time{}},
+			wantWrites: []string{"update students/status"},
+			wantEvents: []string{"Warning InvalidSpec"},
+		},
+		// Stored before the CRD refused it: the row cannot take the spec (PostgreSQL
+		// refuses NUL), so it is released as last written and the deletion finishes.
+		"delete with policy Orphan of a spec the registry cannot hold": {
+			student:    newStudent("a", orphan, withFinalizer, synced(start), deleting, func(s *studentv1.Student) { s.Spec.Name = "a\x00b" }),
+			rows:       []registry.Record{recordOf(owner, newStudent("a", orphan))},
+			wantRows:   map[string]row{"uid-a": {"", "张三", "深圳中学", 1, later}},
 			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
 			wantWrites: []string{"update students"},
 			wantRow:    rowReleased,
@@ -576,5 +596,48 @@ func TestNotReadyGauge(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(f.metrics.notReady); got != 0 {
 		t.Errorf("not ready once a is fixed and b is gone: %v, want 0", got)
+	}
+}
+
+// failingGet is a registry whose reads fail with a driver's text.
+type failingGet struct {
+	Registry
+	err error
+}
+
+func (r failingGet) Get(context.Context, string) (registry.Record, error) {
+	return registry.Record{}, r.err
+}
+
+// TestRegistryErrorsStayInTheLog: what the database driver said (hosts, users, file
+// names) never reaches the Student's conditions or Events, which its namespace's users
+// read; the controller's log has it.
+func TestRegistryErrorsStayInTheLog(t *testing.T) {
+	secret := `failed to connect to user=student_controller database=students host=db.internal.example: password authentication failed`
+	f := newFixture(t, newStudent("a", withFinalizer))
+	f.ctrl.registry = failingGet{Registry: f.ctrl.registry, err: errors.New(secret)}
+	if err := f.ctrl.sync(f.ctx, "school/a"); err == nil || !strings.Contains(err.Error(), "db.internal.example") {
+		t.Errorf("sync returned %v, want the cause for the log", err)
+	}
+	s := f.get("school", "a")
+	for _, c := range s.Status.Conditions {
+		if strings.Contains(c.Message, "db.internal.example") || strings.Contains(c.Message, "student_controller") {
+			t.Errorf("condition %s shows the driver's text: %q", c.Type, c.Message)
+		}
+	}
+	sent := 0
+	for done := false; !done; {
+		select {
+		case e := <-f.recorder.Events:
+			sent++
+			if strings.Contains(e, "db.internal.example") || strings.Contains(e, "student_controller") {
+				t.Errorf("event shows the driver's text: %q", e)
+			}
+		default:
+			done = true
+		}
+	}
+	if sent == 0 {
+		t.Error("no Warning event for the failure")
 	}
 }

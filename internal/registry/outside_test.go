@@ -131,11 +131,11 @@ func TestSQLiteShellReadsTimes(t *testing.T) {
 	}
 	atSchemaOne(t, db, "sqlite", "2026-11-29 07:59:59.5 +0000 UTC",
 		// What the controller wrote until now, and what another program might have.
-		`INSERT INTO students VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1,
+		`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1,
 			'2026-11-29 08:00:01.803903461 +0000 UTC', '2026-11-29 08:00:02 +0000 UTC', NULL)`,
-		`INSERT INTO students VALUES ('u2', 'default', 'b', 'B', 'S', NULL, 1,
+		`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES ('u2', 'default', 'b', 'B', 'S', NULL, 1,
 			'2026-11-29 09:00:03.25 +0100 CET', '2026-11-29T08:00:04Z', '2026-11-29 08:00:04')`,
-		`INSERT INTO students VALUES ('u3', 'default', 'c', 'C', 'S', 'ctl', 'three', 'sometime', '2026-11-29 08:00:05 +0000 UTC', NULL)`,
+		`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES ('u3', 'default', 'c', 'C', 'S', 'ctl', 'three', 'sometime', '2026-11-29 08:00:05 +0000 UTC', NULL)`,
 	)
 	db.Close()
 
@@ -158,7 +158,7 @@ func TestSQLiteShellReadsTimes(t *testing.T) {
 		"u2|2026-11-29 08:00:03|2026-11-29 08:00:04|2026-11-29 08:00:04|1.0",
 		// Kept as it was: the registry reports it and does not read it.
 		"u3||2026-11-29 08:00:05|-|",
-		"1|1", "2|1",
+		"1|1", "2|1", "3|1",
 	}, "\n")
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("sqlite3 read (-want +got):\n%s", diff)
@@ -178,7 +178,7 @@ func TestPostgresShellReadsMigratedTimes(t *testing.T) {
 	b := postgresBackend(t)
 	url := b.url(t)
 	atSchemaOne(t, rawDB(t, b, url), "postgres", "2026-11-29 07:59:59.5+00",
-		`INSERT INTO students VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1, '2026-11-29 08:00:01.8+00', '2026-11-29 09:00:02+01', NULL)`)
+		`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1, '2026-11-29 08:00:01.8+00', '2026-11-29 09:00:02+01', NULL)`)
 	r := open(t, url, newFakeClock())
 	if _, err := r.Upsert(ctx, student("u2", "ctl")); err != nil {
 		t.Fatal(err)
@@ -194,7 +194,7 @@ func TestPostgresShellReadsMigratedTimes(t *testing.T) {
 	want := strings.Join([]string{
 		"u1|2026-11-29 08:00:01|1.000000",
 		"u2|2026-11-29 08:00:02|0.000000",
-		"1|t", "2|t",
+		"1|t", "2|t", "3|t",
 	}, "\n")
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("psql read (-want +got):\n%s", diff)

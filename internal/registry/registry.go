@@ -25,6 +25,16 @@ var (
 	// holds, from a writer whose cache is behind (a former leader that woke up late);
 	// the registry refuses it, so a row never goes back in generation.
 	ErrStale = errors.New("registry row holds a newer generation")
+	// ErrOtherCluster: the owner mark is bound to another cluster than the caller's;
+	// a controller watching the wrong cluster would otherwise take every row for an
+	// orphan.
+	ErrOtherCluster = errors.New("the registry owner belongs to another cluster")
+)
+
+// Deletion policies a row records, as its Student's spec.deletionPolicy says.
+const (
+	PolicyDelete = "Delete"
+	PolicyOrphan = "Orphan"
 )
 
 // Record is one row of the students table.
@@ -47,6 +57,10 @@ type Record struct {
 	UpdatedAt time.Time
 	// ReleasedAt is when the row was released; zero while it is owned.
 	ReleasedAt time.Time
+	// DeletionPolicy is PolicyDelete or PolicyOrphan: what happens to the row when it
+	// is found without its Student. Empty for a row written before the registry
+	// recorded it; such a row is released, never deleted.
+	DeletionPolicy string
 }
 
 // Options tune a Registry. The zero value is ready to use.
@@ -54,8 +68,9 @@ type Options struct {
 	// Now is the clock that stamps rows; time.Now when nil.
 	Now func() time.Time
 	// Password for PostgreSQL, in place of one in the URL: from a file or an
-	// environment variable, so that it never shows in a command line.
-	Password string
+	// environment variable, so that it never shows in a command line. It is called
+	// for every new connection, so a rotated password is picked up without a restart.
+	Password func() (string, error)
 	// MaxOpenConns and MaxIdleConns size the connection pool; 0 takes the defaults
 	// (10 and 5). ConnMaxLifetime recycles connections (default 30 minutes), so that
 	// a fail-over or a load balancer's change is picked up.
@@ -80,10 +95,10 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// took 8% of the controller's CPU time with SQLite.
-	get, upsert, del, release *sql.Stmt
+	get, upsert, del, release, delPolicy, releaseAsIs *sql.Stmt
 }
 
-const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at`
+const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy`
 
 // Statements of the hot path. $n placeholders: PostgreSQL's, and SQLite takes them too.
 // Writes set every column the schema checks, so that they also repair a row written
@@ -94,14 +109,15 @@ const columns = `uid, namespace, name, student_name, school, owner, generation, 
 const (
 	getSQL    = `SELECT ` + columns + ` FROM students WHERE uid = $1`
 	upsertSQL = `
-		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
+		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
 		ON CONFLICT (uid) DO UPDATE SET
 			namespace = excluded.namespace,
 			name = excluded.name,
 			student_name = excluded.student_name,
 			school = excluded.school,
 			generation = excluded.generation,
+			deletion_policy = excluded.deletion_policy,
 			created_at = CASE WHEN %[1]s THEN students.created_at ELSE excluded.created_at END,
 			updated_at = excluded.updated_at,
 			released_at = NULL
@@ -112,8 +128,15 @@ const (
 	releaseSQL = `
 		UPDATE students SET namespace = $3, name = $4, student_name = $5, school = $6, generation = $7,
 			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END,
-			owner = NULL, released_at = $8, updated_at = $8
+			owner = NULL, released_at = $8, updated_at = $8, deletion_policy = 'Orphan'
 		WHERE uid = $1 AND owner = $2 AND %[2]s`
+	// What Relinquish runs: a Delete row goes; any other (Orphan, or a policy not yet
+	// recorded) is released as it stands.
+	deletePolicySQL = `DELETE FROM students WHERE uid = $1 AND owner = $2 AND deletion_policy = 'Delete'`
+	releaseAsIsSQL  = `
+		UPDATE students SET created_at = CASE WHEN %[1]s THEN created_at ELSE $3 END,
+			owner = NULL, released_at = $3, updated_at = $3
+		WHERE uid = $1 AND owner = $2`
 )
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
@@ -121,14 +144,14 @@ const (
 // registered by the program: modernc.org/sqlite for sqlite, github.com/jackc/pgx/v5/stdlib
 // for postgres. No error it returns holds the password.
 func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
-	src, err := parseURL(rawURL, opts.Password)
+	src, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
 	if !slices.Contains(sql.Drivers(), src.dialect.driver) {
 		return nil, fmt.Errorf("open registry %s: database/sql driver %q is not registered in this program", src.display, src.dialect.driver)
 	}
-	db, err := sql.Open(src.dialect.driver, src.dsn)
+	db, err := openDB(src, opts.Password)
 	if err != nil {
 		return nil, fmt.Errorf("open registry %s: %w", src.display, err)
 	}
@@ -155,6 +178,8 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		{&r.del, deleteSQL},
 		{&r.release, fmt.Sprintf(releaseSQL, fmt.Sprintf(src.dialect.validTime, "created_at"),
 			fmt.Sprintf(src.dialect.notNewer, "generation", "$7"))},
+		{&r.delPolicy, deletePolicySQL},
+		{&r.releaseAsIs, fmt.Sprintf(releaseAsIsSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
 	} {
 		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
 			return nil, errors.Join(fmt.Errorf("open registry %s: prepare statements: %w", src.display, err), r.Close())
@@ -190,7 +215,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release} {
+	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -205,22 +230,23 @@ func (r *Registry) Ping(ctx context.Context) error { return r.db.PingContext(ctx
 // that a row another system wrote past the schema is an ErrMalformed naming its uid,
 // not a failed query.
 func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
-	var v [10]any
-	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]); err != nil {
+	var v [11]any
+	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]); err != nil {
 		return Record{}, err
 	}
 	var d decoder
 	rec := Record{
-		UID:         d.text(v[0], "uid", true),
-		Namespace:   d.text(v[1], "namespace", true),
-		Name:        d.text(v[2], "name", true),
-		StudentName: d.text(v[3], "student_name", false),
-		School:      d.text(v[4], "school", false),
-		Owner:       d.optionalText(v[5], "owner"),
-		Generation:  d.integer(v[6], "generation"),
-		CreatedAt:   d.time(v[7], "created_at", true),
-		UpdatedAt:   d.time(v[8], "updated_at", true),
-		ReleasedAt:  d.time(v[9], "released_at", false),
+		UID:            d.text(v[0], "uid", true),
+		Namespace:      d.text(v[1], "namespace", true),
+		Name:           d.text(v[2], "name", true),
+		StudentName:    d.text(v[3], "student_name", false),
+		School:         d.text(v[4], "school", false),
+		Owner:          d.optionalText(v[5], "owner"),
+		Generation:     d.integer(v[6], "generation"),
+		CreatedAt:      d.time(v[7], "created_at", true),
+		UpdatedAt:      d.time(v[8], "updated_at", true),
+		ReleasedAt:     d.time(v[9], "released_at", false),
+		DeletionPolicy: d.policy(v[10]),
 	}
 	if len(d.problems) > 0 {
 		return Record{}, &malformedError{row: MalformedRow{UID: rec.UID, Problem: strings.Join(d.problems, "; ")}}
@@ -261,6 +287,15 @@ func (d *decoder) optionalText(v any, column string) string {
 		return ""
 	}
 	return d.text(v, column, false)
+}
+
+// policy reads deletion_policy; a value the schema would refuse reads as unknown,
+// which releases rather than deletes.
+func (d *decoder) policy(v any) string {
+	if p, ok := v.(string); ok && (p == PolicyDelete || p == PolicyOrphan) {
+		return p
+	}
+	return ""
 }
 
 func (d *decoder) integer(v any, column string) int64 {
@@ -358,7 +393,7 @@ func (r *Registry) Upsert(ctx context.Context, rec Record) (Record, error) {
 	now := r.now().UTC()
 	stored := rec
 	err := r.upsert.QueryRowContext(ctx,
-		rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now,
+		rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy),
 	).Scan(&stored.CreatedAt, &stored.UpdatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, r.notWritten(ctx, rec)
@@ -369,7 +404,24 @@ func (r *Registry) Upsert(ctx context.Context, rec Record) (Record, error) {
 	stored.CreatedAt = stored.CreatedAt.UTC()
 	stored.UpdatedAt = stored.UpdatedAt.UTC()
 	stored.ReleasedAt = time.Time{}
+	stored.DeletionPolicy = policyOf(rec.DeletionPolicy)
 	return stored, nil
+}
+
+// policyValue is what a write stores for a policy: NULL when unknown.
+func policyValue(p string) any {
+	if p = policyOf(p); p == "" {
+		return nil
+	}
+	return p
+}
+
+// policyOf keeps only the policies the schema takes.
+func policyOf(p string) string {
+	if p == PolicyDelete || p == PolicyOrphan {
+		return p
+	}
+	return ""
 }
 
 // Delete deletes the row for uid if owner owns it. It reports whether a row was
@@ -395,6 +447,42 @@ func (r *Registry) Release(ctx context.Context, rec Record) (bool, error) {
 		return false, fmt.Errorf("release row %s: %w", rec.UID, err)
 	}
 	return r.changedOrAbsent(ctx, res, rec)
+}
+
+// Outcome is what Relinquish did to a row.
+type Outcome string
+
+const (
+	// Absent: there was no row.
+	Absent Outcome = ""
+	// Deleted: the row recorded the Delete policy and is gone.
+	Deleted Outcome = "deleted"
+	// Released: the row recorded Orphan, or no policy, and was released as it stood.
+	Released Outcome = "released"
+)
+
+// Relinquish gives up owner's row for uid without its Student at hand, per the policy
+// the row records: a Delete row is deleted; an Orphan row, or one whose policy is not
+// recorded yet, is released with the values it holds, so that no path that finds a row
+// without its Student ever deletes what should have been kept. A row with another
+// owner, or already released, is ErrNotOwned.
+func (r *Registry) Relinquish(ctx context.Context, uid, owner string) (Outcome, error) {
+	res, err := r.delPolicy.ExecContext(ctx, uid, owner)
+	if err != nil {
+		return Absent, fmt.Errorf("delete row %s: %w", uid, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n > 0 {
+		return Deleted, err
+	}
+	res, err = r.releaseAsIs.ExecContext(ctx, uid, owner, r.now().UTC())
+	if err != nil {
+		return Absent, fmt.Errorf("release row %s: %w", uid, err)
+	}
+	released, err := r.changedOrAbsent(ctx, res, Record{UID: uid, Owner: owner})
+	if !released {
+		return Absent, err
+	}
+	return Released, err
 }
 
 // changedOrAbsent reports whether a delete or release of rec changed a row: a missing

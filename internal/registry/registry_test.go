@@ -302,6 +302,7 @@ func runSuite(t *testing.T, b backend) {
 		want := last
 		want.Owner, want.CreatedAt = "", written.CreatedAt
 		want.UpdatedAt, want.ReleasedAt = got.ReleasedAt, got.ReleasedAt
+		want.DeletionPolicy = registry.PolicyOrphan
 		if diff := cmp.Diff(want, got); diff != "" || got.ReleasedAt.IsZero() {
 			t.Errorf("released row (-want +got):\n%s", diff)
 		}
@@ -458,6 +459,86 @@ func runSuite(t *testing.T, b backend) {
 			t.Errorf("a row written before the outage: %v", err)
 		}
 	})
+
+	t.Run("the row records its deletion policy", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		for uid, policy := range map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan, "unknown": ""} {
+			rec := student(uid, "ctl")
+			rec.DeletionPolicy = policy
+			if _, err := r.Upsert(ctx, rec); err != nil {
+				t.Fatal(err)
+			}
+			got, err := r.Get(ctx, uid)
+			if err != nil || got.DeletionPolicy != policy {
+				t.Errorf("row %s: policy %q, %v; want %q", uid, got.DeletionPolicy, err, policy)
+			}
+		}
+	})
+
+	t.Run("relinquish deletes a Delete row and releases any other as it stands", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		want := map[string]registry.Outcome{"d": registry.Deleted, "o": registry.Released, "unknown": registry.Released}
+		for uid, policy := range map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan, "unknown": ""} {
+			rec := student(uid, "ctl")
+			rec.DeletionPolicy = policy
+			if _, err := r.Upsert(ctx, rec); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Relinquish(ctx, uid, "other"); !errors.Is(err, registry.ErrNotOwned) {
+				t.Errorf("Relinquish %s by another owner: %v, want ErrNotOwned", uid, err)
+			}
+			got, err := r.Relinquish(ctx, uid, "ctl")
+			if err != nil || got != want[uid] {
+				t.Errorf("Relinquish %s: %q, %v; want %q", uid, got, err, want[uid])
+			}
+			row, err := r.Get(ctx, uid)
+			switch want[uid] {
+			case registry.Deleted:
+				if !errors.Is(err, registry.ErrNotFound) {
+					t.Errorf("row %s after delete: %+v, %v", uid, row, err)
+				}
+			case registry.Released:
+				if err != nil || row.Owner != "" || row.ReleasedAt.IsZero() || row.StudentName != rec.StudentName {
+					t.Errorf("row %s after release: %+v, %v", uid, row, err)
+				}
+			}
+		}
+		if got, err := r.Relinquish(ctx, "nope", "ctl"); err != nil || got != registry.Absent {
+			t.Errorf("Relinquish of a missing row: %q, %v", got, err)
+		}
+	})
+
+	t.Run("an owner belongs to one cluster", func(t *testing.T) {
+		url := b.url(t)
+		r := open(t, url, newFakeClock())
+		if _, err := r.Bind(ctx, "ctl", "cluster-a"); err != nil {
+			t.Fatalf("first bind: %v", err)
+		}
+		if _, err := r.Bind(ctx, "ctl", "cluster-a"); err != nil {
+			t.Errorf("bind again to the same cluster: %v", err)
+		}
+		if _, err := r.Bind(ctx, "other", "cluster-b"); err != nil {
+			t.Errorf("another owner, another cluster: %v", err)
+		}
+		// Another process, as a second controller would be.
+		r2 := open(t, url, newFakeClock())
+		got, err := r2.Bind(ctx, "ctl", "cluster-b")
+		if !errors.Is(err, registry.ErrOtherCluster) || got.Cluster != "cluster-a" {
+			t.Errorf("bind to another cluster: %+v, %v; want ErrOtherCluster naming cluster-a", got, err)
+		}
+		if _, err := r2.MoveCluster(ctx, "ctl", "cluster-x", "cluster-b"); err == nil {
+			t.Error("a move from a cluster the owner is not bound to succeeded")
+		}
+		if got, err := r2.MoveCluster(ctx, "ctl", "cluster-a", "cluster-b"); err != nil || got.Cluster != "cluster-b" {
+			t.Errorf("move: %+v, %v", got, err)
+		}
+		if _, err := r2.Bind(ctx, "ctl", "cluster-b"); err != nil {
+			t.Errorf("bind after the move: %v", err)
+		}
+		if _, err := r.Bind(ctx, "ctl", "cluster-a"); !errors.Is(err, registry.ErrOtherCluster) {
+			t.Errorf("the old cluster after the move: %v, want ErrOtherCluster", err)
+		}
+	})
 }
 
 func TestOpenErrors(t *testing.T) {
@@ -560,7 +641,7 @@ func TestPostgresPassword(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r, err := registry.Open(ctx, server.URL("registry", false), registry.Options{Password: pgtest.Password})
+	r, err := registry.Open(ctx, server.URL("registry", false), registry.Options{Password: func() (string, error) { return pgtest.Password, nil }})
 	if err != nil {
 		t.Fatalf("Open with the password from Options: %v", err)
 	}
@@ -574,6 +655,8 @@ func TestPostgresPassword(t *testing.T) {
 		"no such database":       server.URL("nope", true),
 		"nothing listening":      strings.Replace(server.URL("registry", true), server.Addr(), "127.0.0.1:1", 1),
 		"unparsable, with a pwd": "postgres://postgres:" + pgtest.Password + "@127.0.0.1:5432:99/x",
+		"keyword/value string":   "host=127.0.0.1 port=" + server.Addr()[len("127.0.0.1:"):] + " user=postgres password=" + pgtest.Password + " dbname=registry",
+		"keyword, quoted":        "user=postgres password='" + pgtest.Password + "' host=127.0.0.1",
 	} {
 		t.Run(name, func(t *testing.T) {
 			r, err := registry.Open(ctx, url, registry.Options{})
@@ -585,5 +668,46 @@ func TestPostgresPassword(t *testing.T) {
 				t.Errorf("the error shows the password: %v", err)
 			}
 		})
+	}
+}
+
+// TestPostgresPasswordRotation: the password is read again for each new connection,
+// so a Secret rotated under a running controller needs no restart.
+func TestPostgresPasswordRotation(t *testing.T) {
+	ctx := context.Background()
+	server, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatalf("PostgreSQL needed: %v", err)
+	}
+	defer server.Close()
+	if err := server.CreateDatabase(ctx, "registry"); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := sql.Open("pgx", server.URL("registry", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.ExecContext(ctx, `CREATE ROLE rotated LOGIN PASSWORD 'first-password'; GRANT ALL ON SCHEMA public TO rotated`); err != nil {
+		t.Fatal(err)
+	}
+	var current atomic.Value
+	current.Store("first-password")
+	url := strings.Replace(server.URL("registry", false), "postgres@", "rotated@", 1)
+	r, err := registry.Open(ctx, url, registry.Options{
+		Password:        func() (string, error) { return current.Load().(string), nil },
+		ConnMaxLifetime: time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := admin.ExecContext(ctx, `ALTER ROLE rotated PASSWORD 'second-password'`); err != nil {
+		t.Fatal(err)
+	}
+	current.Store("second-password")
+	time.Sleep(10 * time.Millisecond) // past the connections' lifetime: the next write opens a new one
+	if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+		t.Errorf("write after the password was rotated: %v", err)
 	}
 }

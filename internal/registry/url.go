@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -14,6 +15,8 @@ type source struct {
 	dialect *dialect
 	dsn     string // as the driver takes it; may hold a password
 	display string // for logs and errors: never holds a password
+	// withPassword is dsn with another password, for PostgreSQL.
+	withPassword func(password string) string
 }
 
 // parseURL parses a registry URL:
@@ -22,8 +25,13 @@ type source struct {
 //	sqlite:RELATIVE/PATH.db      a SQLite file relative to the working directory
 //	postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=...]  (or postgresql://)
 //
-// password, when not empty, is used for PostgreSQL in place of one in the URL.
-func parseURL(raw, password string) (source, error) {
+// A keyword/value string (host=... user=...) is refused without being shown: it is
+// the form a password is most often pasted into.
+func parseURL(raw string) (source, error) {
+	if keywordDSN.MatchString(raw) {
+		return source{}, errors.New("registry: a keyword/value connection string (host=... user=...) is not taken, and is not shown here since it may hold a password: " +
+			"give a URL, postgres://USER@HOST:PORT/DATABASE, and the password with --registry-password-file or REGISTRY_PASSWORD")
+	}
 	scheme, rest, ok := strings.Cut(raw, ":")
 	if !ok || rest == "" {
 		return source{}, fmt.Errorf("registry URL %q: want sqlite:///ABSOLUTE/PATH.db, sqlite:RELATIVE/PATH.db or postgres://USER@HOST:PORT/DATABASE", redact(raw))
@@ -32,7 +40,7 @@ func parseURL(raw, password string) (source, error) {
 	case "sqlite":
 		return parseSQLite(raw)
 	case "postgres", "postgresql":
-		return parsePostgres(raw, password)
+		return parsePostgres(raw)
 	default:
 		return source{}, fmt.Errorf("registry URL %q: unsupported scheme %q (supported: sqlite, postgres)", redact(raw), scheme)
 	}
@@ -68,7 +76,9 @@ const sqliteBusyTimeout = 5 * time.Second
 
 // sqliteDSN opens the file in WAL mode with a busy timeout, so that other readers and
 // writers of the file work while the controller runs, and takes the write lock at the
-// start of a transaction rather than failing half way through it. Times are written
+// start of a transaction rather than failing half way through it. Every commit is
+// synced to disk (synchronous FULL): with WAL's NORMAL a power loss can roll back a
+// release or delete that the controller already acted on. Times are written
 // in UTC in SQLite's own datetime() form, which its date functions read.
 func sqliteDSN(path string) string {
 	q := url.Values{}
@@ -76,7 +86,7 @@ func sqliteDSN(path string) string {
 	q.Set("_timezone", "UTC")
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "synchronous(FULL)")
 	q.Set("_txlock", "immediate")
 	return "file:" + path + "?" + q.Encode()
 }
@@ -85,7 +95,17 @@ func sqliteDSN(path string) string {
 // unreachable server fails a sync in seconds rather than hanging a worker.
 const defaultConnectTimeout = 5 * time.Second
 
-func parsePostgres(raw, password string) (source, error) {
+// PostgreSQL URLs get, unless they say otherwise: TLS that checks the server's name and
+// certificate (sslmode=verify-full; plaintext only with sslmode=disable, since pgx's
+// own default, prefer, falls back to it silently), and a server that takes writes
+// (target_session_attrs=read-write: with several hosts, the primary).
+var postgresDefaults = map[string]string{
+	"connect_timeout":      fmt.Sprint(int(defaultConnectTimeout.Seconds())),
+	"sslmode":              "verify-full",
+	"target_session_attrs": "read-write",
+}
+
+func parsePostgres(raw string) (source, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return source{}, fmt.Errorf("registry URL %q: not a valid URL: %w", redact(raw), urlErrorCause(err))
@@ -93,22 +113,31 @@ func parsePostgres(raw, password string) (source, error) {
 	if u.Host == "" || strings.Trim(u.Path, "/") == "" {
 		return source{}, fmt.Errorf("registry URL %q: want postgres://USER@HOST:PORT/DATABASE", redact(raw))
 	}
-	if password != "" {
-		user := ""
-		if u.User != nil {
-			user = u.User.Username()
-		}
-		u.User = url.UserPassword(user, password)
-	}
 	q := u.Query()
-	if q.Get("connect_timeout") == "" {
-		q.Set("connect_timeout", fmt.Sprint(int(defaultConnectTimeout.Seconds())))
+	for k, v := range postgresDefaults {
+		if q.Get(k) == "" {
+			q.Set(k, v)
+		}
 	}
 	u.RawQuery = q.Encode()
 	display := *u
 	display.RawQuery = ""
-	return source{dialect: postgres, dsn: u.String(), display: display.Redacted()}, nil
+	withPassword := func(password string) string {
+		if password == "" {
+			return u.String()
+		}
+		with := *u
+		with.User = url.UserPassword(u.User.Username(), password)
+		return with.String()
+	}
+	return source{dialect: postgres, dsn: u.String(), display: display.Redacted(), withPassword: withPassword}, nil
 }
+
+// keywordDSN matches a libpq keyword/value connection string.
+var keywordDSN = regexp.MustCompile(`^\s*[A-Za-z_]+\s*=`)
+
+// keywordPassword matches a password in keyword/value form, quoted or not.
+var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)`)
 
 // urlErrorCause is what url.Parse found wrong, without the URL that its error quotes,
 // password and all.
@@ -169,5 +198,5 @@ func redact(raw string) string {
 		}
 		out = base + "?" + strings.Join(params, "&")
 	}
-	return out
+	return keywordPassword.ReplaceAllString(out, "${1}xxxxx")
 }

@@ -33,12 +33,14 @@ func FuzzParseURL(f *testing.F) {
 		{"postgres://app:hunter2secret@db/students#frag", ""},
 		{":", ""},
 		{"", "hunter2secret"},
+		{"host=db user=app password=hunter2secret dbname=students", ""},
+		{"user=app password='hunter2 secret' host=db", ""},
 	} {
 		f.Add(seed.raw, seed.password)
 	}
 	f.Fuzz(func(t *testing.T, raw, password string) {
 		show := func(raw, password string) string {
-			src, err := parseURL(raw, password)
+			src, err := parseURL(raw)
 			if err != nil {
 				return err.Error()
 			}
@@ -60,6 +62,11 @@ func FuzzParseURL(f *testing.F) {
 			}
 		}
 		check(password, func(other string) (string, string) { return raw, other })
+		if src, err := parseURL(raw); err == nil && src.withPassword != nil && password != "" {
+			if got := src.withPassword(password); !strings.Contains(got, url.UserPassword("u", password).String()[2:]) {
+				t.Errorf("parseURL(%q).withPassword(%q) = %q: the password is not in the DSN", raw, password, got)
+			}
+		}
 		for _, p := range passwordsIn(raw) {
 			swap := func(other string) (string, string) { return raw[:p.start] + other + raw[p.end:], password }
 			check(raw[p.start:p.end], swap)
@@ -87,6 +94,11 @@ func passwordsIn(raw string) []span {
 			if colon := strings.Index(authority[:at], ":"); colon >= 0 {
 				out = append(out, span{from + colon + 1, from + at})
 			}
+		}
+	}
+	if keywordDSN.MatchString(raw) {
+		for _, m := range keywordPassword.FindAllStringSubmatchIndex(raw, -1) {
+			out = append(out, span{m[4], m[5]})
 		}
 	}
 	beforeFragment, _, _ := strings.Cut(raw, "#")

@@ -47,7 +47,7 @@ func WriteMalformed(ctx context.Context, db *sql.DB, database, owner string) (ma
 	wrong := map[string]string{}
 	for uid, r := range rows {
 		// #nosec G202 -- fixed literals above: rows past the schema's checks, on purpose.
-		if _, err := conn.ExecContext(ctx, `INSERT INTO students VALUES `+r.values, owner); err != nil {
+		if _, err := conn.ExecContext(ctx, `INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES `+r.values, owner); err != nil {
 			return nil, fmt.Errorf("write malformed row %q: %w", uid, err)
 		}
 		wrong[uid] = r.column
@@ -98,7 +98,7 @@ func Refused(database string) map[string]string {
 		common["infinite time"] = `('u-inf', 'default', 'e', 'E', 'S', 'x', 1, 'infinity', now(), NULL)`
 	}
 	for k, v := range common {
-		common[k] = `INSERT INTO students VALUES ` + v
+		common[k] = `INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES ` + v
 	}
 	return common
 }

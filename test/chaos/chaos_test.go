@@ -172,7 +172,7 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	args := []string{
 		"--kubeconfig", c.controllerKubeconfig,
 		"--registry", registryURL, "--registry-owner", owner,
-		"--leader-elect", "--leader-elect-namespace", systemNamespace,
+		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", systemNamespace,
 		"--leader-elect-lease-duration", leaseDuration.String(),
 		"--leader-elect-renew-deadline", renewDeadline.String(),
 		"--leader-elect-retry-period", retryPeriod.String(),
@@ -411,7 +411,7 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 // seedOtherOwner writes rows of another owner through the registry, as another
 // controller sharing the database would, and returns them as the checker reads them.
 func seedOtherOwner(ctx context.Context, registryURL string, db *sql.DB) (map[string]row, error) {
-	reg, err := registry.Open(ctx, registryURL, registry.Options{Password: pgtest.Password})
+	reg, err := registry.Open(ctx, registryURL, registry.Options{Password: func() (string, error) { return pgtest.Password, nil }})
 	if err != nil {
 		return nil, err
 	}

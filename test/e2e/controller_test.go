@@ -272,8 +272,8 @@ func testSweepRepairsDrift(t *testing.T, b backend) {
 	}{
 		{`DELETE FROM students WHERE uid = $1`, []any{string(byName["d-000"].UID)}},
 		{`UPDATE students SET school = 'tampered', student_name = 'tampered' WHERE uid = $1`, []any{string(byName["d-001"].UID)}},
-		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
-			VALUES ('orphan-uid', $1, 'ghost', 'Ghost', 'Nowhere', $2, 1, $3, $4)`, []any{ns, owner, now, now}},
+		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
+			VALUES ('orphan-uid', $1, 'ghost', 'Ghost', 'Nowhere', $2, 1, $3, $4, 'Delete')`, []any{ns, owner, now, now}},
 		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
 			VALUES ('foreign-uid', $1, 'theirs', 'Theirs', 'Elsewhere', 'another-controller', 1, $2, $3)`, []any{ns, now, now}},
 	} {

@@ -22,7 +22,7 @@ func TestLeaderElection(t *testing.T) {
 	args := []string{
 		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://" + path, "--registry-owner", owner,
-		"--leader-elect", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", leaseName,
+		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", leaseName,
 	}
 	const leaseDuration = 15 * time.Second // the default
 
@@ -150,7 +150,7 @@ func TestPausedLeader(t *testing.T) {
 	args := []string{
 		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://" + path, "--registry-owner", owner,
-		"--leader-elect", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", leaseName,
+		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", leaseName,
 		"--leader-elect-lease-duration", leaseDuration.String(), "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"-v=7", // every request is logged before it is sent
 	}

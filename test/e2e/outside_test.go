@@ -129,7 +129,7 @@ func testMalformedRowsSkipped(t *testing.T, b backend) {
 	}{
 		{breakRow, []any{string(items[1].UID)}},
 		{`DELETE FROM students WHERE uid = $1`, []any{string(items[0].UID)}},
-		{`INSERT INTO students VALUES ('ghost', $1, 'ghost', 'G', 'S', $2, 1, '2026-11-29 08:00:00', '2026-11-29 08:00:00', NULL)`, []any{ns, owner}},
+		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES ('ghost', $1, 'ghost', 'G', 'S', $2, 1, '2026-11-29 08:00:00', '2026-11-29 08:00:00', NULL)`, []any{ns, owner}},
 	} {
 		if _, err := conn.ExecContext(ctx, stmt.sql, stmt.args...); err != nil {
 			t.Fatalf("%s: %v", stmt.sql, err)

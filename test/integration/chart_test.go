@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2/ktesting"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 const (
@@ -188,4 +190,79 @@ func ensureNamespace(ctx context.Context, t *testing.T, c clients, name string) 
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+}
+
+// TestChartKeepsTheRegistry: the chart keeps one registry that outlives its Pods: with
+// SQLite, one replica and a claim, and it refuses to render a file per replica; with
+// PostgreSQL, the password Secret is readable by the user the controller runs as.
+func TestChartKeepsTheRegistry(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	template := func(set ...string) []byte {
+		args := []string{"template", chartRelease, chartDir, "--namespace", chartNS, "--kube-version", kubeVersion}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		return []byte(helm(ctx, t, args...))
+	}
+	deployment := func(out []byte) (appsv1.Deployment, map[string]bool) {
+		var d appsv1.Deployment
+		claims := map[string]bool{}
+		docs := yaml.NewYAMLReader(bufioReader(out))
+		for {
+			doc, err := docs.Read()
+			if err != nil {
+				break
+			}
+			var meta metav1.TypeMeta
+			_ = sigsyaml.Unmarshal(doc, &meta)
+			switch meta.Kind {
+			case "Deployment":
+				if err := sigsyaml.Unmarshal(doc, &d); err != nil {
+					t.Fatal(err)
+				}
+			case "PersistentVolumeClaim":
+				var c corev1.PersistentVolumeClaim
+				if err := sigsyaml.Unmarshal(doc, &c); err != nil {
+					t.Fatal(err)
+				}
+				claims[c.Name] = true
+			}
+		}
+		return d, claims
+	}
+
+	d, claims := deployment(template())
+	if *d.Spec.Replicas != 1 || d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("defaults: replicas %d, strategy %q; want 1 and Recreate", *d.Spec.Replicas, d.Spec.Strategy.Type)
+	}
+	assertRegistryOnClaim(t, d.Spec.Template.Spec, claims)
+
+	bin := filepath.Join(env.Root, "bin", "tools", "helm")
+	for _, set := range [][]string{
+		{"replicaCount=2", "leaderElection.enabled=true"},
+		{"leaderElection.enabled=true"},
+	} {
+		args := []string{"template", chartRelease, chartDir, "--namespace", chartNS, "--kube-version", kubeVersion}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Dir = env.Root
+		if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "registry would split") {
+			t.Errorf("helm template --set %v with SQLite: %v, %s; want a refusal", set, err, out)
+		}
+	}
+
+	d, _ = deployment(template("replicaCount=2", "leaderElection.enabled=true",
+		"registry.url=postgres://student_controller@db/students", "registry.passwordSecret.name=student-registry"))
+	var secret *corev1.SecretVolumeSource
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			secret = v.Secret
+		}
+	}
+	if secret == nil {
+		t.Fatal("PostgreSQL: no password Secret mounted")
+	}
+	assertReadableAsPod(t, d.Spec.Template.Spec, secret)
 }

@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -43,8 +45,9 @@ func TestDeployDryRun(t *testing.T) {
 	}
 }
 
-// TestDeploymentShape: what config/default asks of the cluster: two replicas with leader
-// election, probes, resources and a restricted security context; RBAC limited to what
+// TestDeploymentShape: what config/default asks of the cluster: one replica whose SQLite
+// registry lives on a PersistentVolumeClaim (a volume that outlives the Pod), replaced
+// by Recreate, probes, resources and a restricted security context; RBAC limited to what
 // the controller uses.
 func TestDeploymentShape(t *testing.T) {
 	out, err := exec.CommandContext(context.Background(), "kubectl", "kustomize", filepath.Join(env.Root, "config", "default")).Output()
@@ -54,6 +57,7 @@ func TestDeploymentShape(t *testing.T) {
 	var deploy *appsv1.Deployment
 	var clusterRules []rbacv1.PolicyRule
 	var roles []rbacv1.Role
+	claims := map[string]bool{}
 	decoder := yaml.NewYAMLReader(bufioReader(out))
 	for {
 		doc, err := decoder.Read()
@@ -84,15 +88,22 @@ func TestDeploymentShape(t *testing.T) {
 				t.Fatal(err)
 			}
 			roles = append(roles, r)
+		case "PersistentVolumeClaim":
+			var c corev1.PersistentVolumeClaim
+			if err := sigsyaml.UnmarshalStrict(doc, &c); err != nil {
+				t.Fatal(err)
+			}
+			claims[c.Name] = true
 		}
 	}
 	if deploy == nil {
 		t.Fatal("config/default has no Deployment")
 	}
-	if deploy.Spec.Replicas == nil || *deploy.Spec.Replicas != 2 {
-		t.Errorf("replicas = %v, want 2", deploy.Spec.Replicas)
+	if deploy.Spec.Replicas == nil || *deploy.Spec.Replicas != 1 || deploy.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("replicas = %v, strategy %q: want 1 and Recreate (a SQLite file has one writer)", deploy.Spec.Replicas, deploy.Spec.Strategy.Type)
 	}
 	pod := deploy.Spec.Template.Spec
+	assertRegistryOnClaim(t, pod, claims)
 	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot ||
 		pod.SecurityContext.SeccompProfile == nil || pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Errorf("pod security context %+v: want runAsNonRoot and seccomp RuntimeDefault", pod.SecurityContext)
@@ -110,24 +121,32 @@ func TestDeploymentShape(t *testing.T) {
 		t.Errorf("resources %+v: want CPU and memory requests and a memory limit", ctr.Resources)
 	}
 	args := strings.Join(ctr.Args, " ")
-	for _, want := range []string{"--leader-elect", "--metrics-secure", "--health-probe-bind-address=:8081"} {
+	for _, want := range []string{"--metrics-secure", "--health-probe-bind-address=:8081"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("container args %q lack %s", args, want)
 		}
 	}
+	if strings.Contains(args, "--leader-elect") {
+		t.Errorf("container args %q: no leader election for one replica on a SQLite file", args)
+	}
 
 	// Exactly the rules the controller needs, cluster-wide.
 	wantRules := map[string]string{
-		"bolingcavalry.k8s.io/students":            "get,list,watch,update,patch",
-		"bolingcavalry.k8s.io/students/status":     "get,update,patch",
+		"bolingcavalry.k8s.io/students":            "get,list,watch,update",
+		"bolingcavalry.k8s.io/students/status":     "update",
 		"bolingcavalry.k8s.io/students/finalizers": "update",
-		"/events": "create,patch",
+		"/events":                  "create,patch",
+		"/namespaces[kube-system]": "get",
 	}
 	got := map[string]string{}
 	for _, r := range clusterRules {
 		for _, g := range r.APIGroups {
 			for _, res := range r.Resources {
-				got[g+"/"+res] = strings.Join(r.Verbs, ",")
+				key := g + "/" + res
+				if len(r.ResourceNames) > 0 {
+					key += "[" + strings.Join(r.ResourceNames, ",") + "]"
+				}
+				got[key] = strings.Join(r.Verbs, ",")
 			}
 		}
 	}
@@ -143,6 +162,36 @@ func TestDeploymentShape(t *testing.T) {
 		roles[0].Rules[0].Resources[0] != "leases" {
 		t.Errorf("want one Role, for leases in student-controller-system; got %+v", roles)
 	}
+}
+
+// assertRegistryOnClaim checks that --registry names a SQLite file on a volume that is
+// one of claims, so that the registry outlives the Pod.
+func assertRegistryOnClaim(t *testing.T, pod corev1.PodSpec, claims map[string]bool) {
+	t.Helper()
+	var file string
+	for _, a := range pod.Containers[0].Args {
+		if raw, ok := strings.CutPrefix(a, "--registry=sqlite://"); ok {
+			file = raw
+		}
+	}
+	if file == "" {
+		t.Fatalf("args %q: want a SQLite registry", pod.Containers[0].Args)
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = v
+	}
+	for _, m := range pod.Containers[0].VolumeMounts {
+		if !strings.HasPrefix(file, m.MountPath+"/") {
+			continue
+		}
+		v := volumes[m.Name]
+		if v.PersistentVolumeClaim == nil || !claims[v.PersistentVolumeClaim.ClaimName] {
+			t.Errorf("the registry %s is on volume %+v: want a PersistentVolumeClaim that the manifests make", file, v.VolumeSource)
+		}
+		return
+	}
+	t.Errorf("the registry %s is on no volume: the container's own filesystem goes with it", file)
 }
 
 // TestPostgresOverlay: config/postgres swaps the SQLite registry for PostgreSQL, with
@@ -177,16 +226,74 @@ func TestPostgresOverlay(t *testing.T) {
 				}
 			}
 		}
-		mounted := false
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 || !strings.Contains(args, "--leader-elect") {
+			t.Errorf("replicas %v, args %q: want 2 with leader election on a shared registry", d.Spec.Replicas, args)
+		}
+		var secret *corev1.SecretVolumeSource
 		for _, v := range d.Spec.Template.Spec.Volumes {
 			if v.Secret != nil && v.Secret.SecretName == "student-registry" {
-				mounted = true
+				secret = v.Secret
 			}
 		}
-		if !mounted {
-			t.Error("the Secret student-registry is not mounted")
+		if secret == nil {
+			t.Fatal("the Secret student-registry is not mounted")
 		}
+		assertReadableAsPod(t, d.Spec.Template.Spec, secret)
 		return
+	}
+}
+
+// assertReadableAsPod writes a file as the kubelet writes a Secret's key (owned by
+// root, its group the Pod's fsGroup when it has one, with the volume's mode), and reads
+// it as the Pod's user and groups, in a process the kernel checks.
+func assertReadableAsPod(t *testing.T, pod corev1.PodSpec, secret *corev1.SecretVolumeSource) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to make a file another user reads (CI runs as root)")
+	}
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsUser == nil {
+		t.Fatal("the Pod names no user")
+	}
+	mode := os.FileMode(0o644) // the kubelet's default
+	if secret.DefaultMode != nil {
+		mode = os.FileMode(*secret.DefaultMode)
+	}
+	gid := 0
+	groups := []uint32{}
+	if psc.RunAsGroup != nil {
+		groups = append(groups, uint32(*psc.RunAsGroup))
+	}
+	if psc.FSGroup != nil {
+		gid = int(*psc.FSGroup)
+		groups = append(groups, uint32(*psc.FSGroup))
+	}
+	dir, err := os.MkdirTemp("", "secret-volume-") // t.TempDir's parent is closed to other users
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "password")
+	if err := os.WriteFile(file, []byte("s3cret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(file, 0, gid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, mode); err != nil {
+		t.Fatal(err)
+	}
+	cat := exec.Command("cat", file)
+	primary := uint32(0)
+	if psc.RunAsGroup != nil {
+		primary = uint32(*psc.RunAsGroup)
+	}
+	cat.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(*psc.RunAsUser), Gid: primary, Groups: groups}}
+	if out, err := cat.CombinedOutput(); err != nil || string(out) != "s3cret" {
+		t.Errorf("user %d (groups %v) reading the password file (mode %v, group %d): %v, %q", *psc.RunAsUser, groups, mode, gid, err, out)
 	}
 }
 

@@ -38,19 +38,23 @@ type Student struct {
 // StudentSpec is the desired registry record of a student.
 type StudentSpec struct {
 	// Name is the student's display name, in any script (for example "张三"). It is
-	// written to the registry's student_name column. 1 to 128 characters, not blank.
+	// written to the registry's student_name column. 1 to 128 characters, not blank,
+	// no control characters (U+0000 to U+001F, U+007F), which a registry cannot hold
+	// (NUL) or shows as nothing.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:XValidation:rule="self.trim().size() > 0",message="must not be blank"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('[[:cntrl:]]')",message="must not hold control characters (U+0000 to U+001F, U+007F)"
 	Name string `json:"name"`
 
 	// School is the school the student attends (for example "深圳中学"). 1 to 256
-	// characters, not blank.
+	// characters, not blank, no control characters (U+0000 to U+001F, U+007F).
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256
 	// +kubebuilder:validation:XValidation:rule="self.trim().size() > 0",message="must not be blank"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('[[:cntrl:]]')",message="must not hold control characters (U+0000 to U+001F, U+007F)"
 	School string `json:"school"`
 
 	// DeletionPolicy says what happens to the registry row when the Student is

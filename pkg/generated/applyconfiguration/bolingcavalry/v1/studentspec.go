@@ -28,10 +28,12 @@ import (
 // StudentSpec is the desired registry record of a student.
 type StudentSpecApplyConfiguration struct {
 	// Name is the student's display name, in any script (for example "张三"). It is
-	// written to the registry's student_name column. 1 to 128 characters, not blank.
+	// written to the registry's student_name column. 1 to 128 characters, not blank,
+	// no control characters (U+0000 to U+001F, U+007F), which a registry cannot hold
+	// (NUL) or shows as nothing.
 	Name *string `json:"name,omitempty"`
 	// School is the school the student attends (for example "深圳中学"). 1 to 256
-	// characters, not blank.
+	// characters, not blank, no control characters (U+0000 to U+001F, U+007F).
 	School *string `json:"school,omitempty"`
 	// DeletionPolicy says what happens to the registry row when the Student is
 	// deleted: Delete (the default) removes the row; Orphan keeps it and releases it,

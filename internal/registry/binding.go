@@ -1,0 +1,76 @@
+package registry
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Binding ties an owner mark to the cluster whose Students its rows mirror.
+type Binding struct {
+	Owner   string
+	Cluster string
+	BoundAt time.Time
+}
+
+// Bind binds owner to cluster on first use, and returns the binding as stored. When
+// owner is already bound to another cluster it returns that binding and an error that
+// wraps ErrOtherCluster: the caller must write nothing.
+func (r *Registry) Bind(ctx context.Context, owner, cluster string) (Binding, error) {
+	if owner == "" || cluster == "" {
+		return Binding{}, fmt.Errorf("bind owner: owner and cluster are required (owner %q, cluster %q)", owner, cluster)
+	}
+	if _, err := r.db.ExecContext(ctx, `INSERT INTO owner_clusters (owner, cluster, bound_at) VALUES ($1, $2, $3)
+		ON CONFLICT (owner) DO NOTHING`, owner, cluster, r.now().UTC()); err != nil {
+		return Binding{}, fmt.Errorf("bind owner %q to cluster %s: %w", owner, cluster, err)
+	}
+	b, err := r.binding(ctx, owner)
+	if err != nil {
+		return Binding{}, err
+	}
+	if b.Cluster != cluster {
+		return b, fmt.Errorf("owner %q is bound to cluster %s since %s, and this controller watches cluster %s: %w",
+			owner, b.Cluster, b.BoundAt.Format(time.RFC3339), cluster, ErrOtherCluster)
+	}
+	return b, nil
+}
+
+func (r *Registry) binding(ctx context.Context, owner string) (Binding, error) {
+	b := Binding{Owner: owner}
+	err := r.db.QueryRowContext(ctx, `SELECT cluster, bound_at FROM owner_clusters WHERE owner = $1`, owner).Scan(&b.Cluster, &b.BoundAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Binding{}, fmt.Errorf("owner %q: %w", owner, ErrNotFound)
+	}
+	if err != nil {
+		return Binding{}, fmt.Errorf("read the cluster of owner %q: %w", owner, err)
+	}
+	b.BoundAt = b.BoundAt.UTC()
+	return b, nil
+}
+
+// MoveCluster binds owner to cluster to, where it was bound to from: the explicit
+// step that lets a controller of another cluster take over an owner's rows (a cluster
+// rebuilt, a registry moved). It refuses when owner is bound to anything but from,
+// so that it never moves a binding its caller did not see.
+func (r *Registry) MoveCluster(ctx context.Context, owner, from, to string) (Binding, error) {
+	if owner == "" || from == "" || to == "" {
+		return Binding{}, errors.New("move owner: owner, from and to are required")
+	}
+	res, err := r.db.ExecContext(ctx, `UPDATE owner_clusters SET cluster = $3, bound_at = $4 WHERE owner = $1 AND cluster = $2`,
+		owner, from, to, r.now().UTC())
+	if err != nil {
+		return Binding{}, fmt.Errorf("move owner %q to cluster %s: %w", owner, to, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return Binding{}, err
+	} else if n == 0 {
+		b, err := r.binding(ctx, owner)
+		if err != nil {
+			return Binding{}, err
+		}
+		return b, fmt.Errorf("owner %q is bound to cluster %s, not %s: nothing moved", owner, b.Cluster, from)
+	}
+	return r.binding(ctx, owner)
+}

@@ -1,0 +1,218 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// TestWrongClusterDeletesNothing: rows written by a controller of one cluster; the same
+// binary, registry and owner started against another cluster (which has the CRD and
+// none of those Students) refuses to write and says how to move the owner, and every
+// row stays. Then the explicit move lets it take the rows over.
+func TestWrongClusterDeletesNothing(t *testing.T) {
+	ns := newNamespace(t)
+	path := filepath.Join(t.TempDir(), "registry.db")
+	db := rawDB(t, path)
+	common := []string{"--registry", "sqlite://" + path, "--registry-owner", owner, "--sweep-interval", "500ms"}
+
+	a := startProcess(t, "controller of cluster A", append([]string{"--kubeconfig", controllerID.kubeconfig, "--namespace", ns}, common...)...)
+	createMany(t, ns, 3, "a")
+	assertRowsMatch(t, db, waitAllReady(t, ns, 3, time.Minute))
+	a.signal(syscall.SIGTERM)
+	if err := a.wait(45 * time.Second); err != nil {
+		t.Fatalf("controller of cluster A: %v", err)
+	}
+	before := rowsOf(t, db)
+
+	other := ownControlPlane(t, controlplane.Options{})
+	b := startProcess(t, "controller of cluster B", append([]string{"--kubeconfig", other.Kubeconfig}, common...)...)
+	err := b.wait(30 * time.Second)
+	if code := exitCode(err); code != 1 || !strings.Contains(b.logs.String(), "is bound to cluster") ||
+		!strings.Contains(b.logs.String(), "student-controller registry move-cluster") {
+		t.Errorf("controller of cluster B: exit %d, want 1 with the binding and the way to move it in its output", code)
+	}
+	if diff := rowsDiff(before, rowsOf(t, db)); diff != "" {
+		t.Errorf("the rows changed after a controller of another cluster ran:\n%s", diff)
+	}
+
+	// The explicit move: the owner now follows cluster B, whose controller lets go of
+	// rows without Students there (within the sweep's bound: 3 rows of 3 are refused).
+	from := clusterUID(t)
+	out, err := exec.Command(controllerBinary(t), "registry", "move-cluster", "--kubeconfig", other.Kubeconfig,
+		"--registry", "sqlite://"+path, "--registry-owner", owner, "--from", from).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "is bound to cluster") {
+		t.Fatalf("registry move-cluster: %v\n%s", err, out)
+	}
+	a2 := startProcess(t, "controller of cluster A again", append([]string{"--kubeconfig", controllerID.kubeconfig, "--namespace", ns}, common...)...)
+	if err := a2.wait(30 * time.Second); exitCode(err) != 1 {
+		t.Errorf("controller of cluster A after the move: %v, want exit 1", err)
+	}
+}
+
+// clusterUID is the shared control plane's identity: its kube-system namespace's UID.
+func clusterUID(t *testing.T) string {
+	t.Helper()
+	ns, err := kubeClient().CoreV1().Namespaces().Get(context.Background(), "kube-system", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(ns.UID)
+}
+
+// rowsDiff lists the rows that differ between two reads.
+func rowsDiff(before, after map[string]registry.Record) string {
+	var b strings.Builder
+	for uid, r := range before {
+		if a, ok := after[uid]; !ok {
+			b.WriteString("gone: " + uid + "\n")
+		} else if a != r {
+			b.WriteString("changed: " + uid + "\n")
+		}
+	}
+	for uid := range after {
+		if _, ok := before[uid]; !ok {
+			b.WriteString("new: " + uid + "\n")
+		}
+	}
+	return b.String()
+}
+
+// TestLostFinalizerKeepsOrphanRow: an Orphan Student whose finalizer was removed behind
+// the controller's back (by hand, or by a second release) and that was then deleted:
+// the sweep finds its row without a Student and releases it, as the Student asked,
+// instead of deleting it.
+func TestLostFinalizerKeepsOrphanRow(t *testing.T) {
+	forEachBackend(t, testLostFinalizerKeepsOrphanRow)
+}
+
+func testLostFinalizerKeepsOrphanRow(t *testing.T, b backend) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	url, db := b.newRegistry(t)
+	c := startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: 500 * time.Millisecond})
+	createMany(t, ns, 2, "d")
+	if _, err := students(ns).Create(ctx, newStudent("kept", "深圳中学", studentv1.DeletionPolicyOrphan), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	items := waitAllReady(t, ns, 3, time.Minute)
+	c.stop()
+
+	kept, err := students(ns).Get(ctx, "kept", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept.Finalizers = nil
+	if _, err := students(ns).Update(ctx, kept, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := students(ns).Delete(ctx, "kept", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	c = startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: 500 * time.Millisecond})
+	eventually(t, 30*time.Second, "the sweep to let go of the row of the deleted Orphan Student", func(context.Context) (bool, error) {
+		return rowsOf(t, db)[string(kept.UID)].Owner == "", nil
+	})
+	row, ok := rowsOf(t, db)[string(kept.UID)]
+	if !ok || row.StudentName != kept.Spec.Name || row.School != kept.Spec.School {
+		t.Errorf("the Orphan Student's row: %+v, %v; want it kept, released, with its spec", row, ok)
+	}
+	var live []studentv1.Student
+	for _, s := range items {
+		if s.Name != "kept" {
+			live = append(live, s)
+		}
+	}
+	assertRowsMatch(t, db, live)
+}
+
+// TestControlCharactersRefused: the API server refuses a spec with a character the
+// registry cannot hold (NUL, which PostgreSQL's TEXT refuses) or shows as nothing; and
+// a Student stored with one before the CRD refused it is reported as invalid, and its
+// deletion finishes with its row released as last written.
+func TestControlCharactersRefused(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	for _, spec := range []studentv1.StudentSpec{{Name: "a\x00b", School: "s"}, {Name: "a", School: "line\nbreak"}} {
+		_, err := students(ns).Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Name: "control"}, Spec: spec}, metav1.CreateOptions{})
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "control characters") {
+			t.Errorf("create with spec %q: %v; want Invalid, naming control characters", spec, err)
+		}
+	}
+
+	// On PostgreSQL, with an Orphan Student whose spec got a NUL past an older CRD.
+	pgBackend := backends()[1]
+	url, db := pgBackend.newRegistry(t)
+	startController(t, controllerOptions{registryURL: url, namespace: ns})
+	if _, err := students(ns).Create(ctx, newStudent("older", "深圳中学", studentv1.DeletionPolicyOrphan), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := waitAllReady(t, ns, 1, time.Minute)[0]
+	withoutControlRule(t, func() {
+		eventually(t, 30*time.Second, "the older CRD to take a NUL", func(ctx context.Context) (bool, error) {
+			cur, err := students(ns).Get(ctx, "older", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			cur.Spec.Name = "a\x00b"
+			_, err = students(ns).Update(ctx, cur, metav1.UpdateOptions{})
+			return err == nil, nil
+		})
+	})
+	eventually(t, 30*time.Second, "the Student reported as invalid", func(ctx context.Context) (bool, error) {
+		cur, err := students(ns).Get(ctx, "older", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range cur.Status.Conditions {
+			if c.Type == studentv1.ConditionReady && c.Reason == studentv1.ReasonInvalidSpec {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err := students(ns).Delete(ctx, "older", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the deletion to finish", func(ctx context.Context) (bool, error) {
+		_, err := students(ns).Get(ctx, "older", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if row := rowsOf(t, db)[string(s.UID)]; row.Owner != "" || row.StudentName != s.Spec.Name {
+		t.Errorf("row after the deletion: %+v; want it released with its last stored name %q", row, s.Spec.Name)
+	}
+}
+
+// withoutControlRule runs fn while the Student CRD lacks its control-character rule on
+// spec.name, as a CRD from before the rule did, and puts the rule back.
+func withoutControlRule(t *testing.T, fn func()) {
+	t.Helper()
+	crd := "customresourcedefinition/students.bolingcavalry.k8s.io"
+	const path = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/name/x-kubernetes-validations/1"
+	restore := func() {
+		out, err := exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "apply", "--server-side", "--force-conflicts",
+			"-f", filepath.Join(env.Root, "config", "crd", "bases")).CombinedOutput()
+		if err != nil {
+			t.Errorf("put the CRD back: %v\n%s", err, out)
+		}
+	}
+	defer restore()
+	out, err := exec.Command("kubectl", "--kubeconfig", env.Kubeconfig, "patch", crd, "--type=json",
+		`-p=[{"op": "test", "path": "`+path+`/message", "value": "must not hold control characters (U+0000 to U+001F, U+007F)"}, {"op": "remove", "path": "`+path+`"}]`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("take the rule out of the CRD: %v\n%s", err, out)
+	}
+	fn()
+}
