@@ -39,6 +39,9 @@ type options struct {
 	renewDeadline        time.Duration
 	retryPeriod          time.Duration
 
+	// set are the flags given on the command line, by name.
+	set map[string]bool
+
 	metricsAddr   string
 	metricsSecure bool
 	probeAddr     string
@@ -135,7 +138,24 @@ func (o *options) validate() error {
 	if o.sweepMaxDeletionPercent < 1 || o.sweepMaxDeletionPercent > 100 {
 		errs = append(errs, fmt.Errorf("--sweep-max-deletion-percent must be within 1 and 100, got %d", o.sweepMaxDeletionPercent))
 	}
-	if o.leaderElect && strings.HasPrefix(o.registryURL, "sqlite:") && !o.sqliteShared {
+	sqlite := strings.HasPrefix(o.registryURL, "sqlite:")
+	if sqlite && o.passwordFile != "" {
+		errs = append(errs, errors.New("--registry-password-file with a SQLite registry: SQLite takes no password"))
+	}
+	if o.sqliteShared && !(sqlite && o.leaderElect) {
+		errs = append(errs, errors.New("--sqlite-shared-file is for --leader-elect with a SQLite registry"))
+	}
+	if o.metricsSecure && o.metricsAddr == "0" {
+		errs = append(errs, errors.New("--metrics-secure with --metrics-bind-address=0: there is no metrics endpoint to secure"))
+	}
+	if !o.leaderElect {
+		for _, name := range []string{"leader-elect-namespace", "leader-elect-id", "leader-elect-lease-duration", "leader-elect-renew-deadline", "leader-elect-retry-period"} {
+			if o.set[name] {
+				errs = append(errs, fmt.Errorf("--%s without --leader-elect does nothing", name))
+			}
+		}
+	}
+	if o.leaderElect && sqlite && !o.sqliteShared {
 		errs = append(errs, errors.New("--leader-elect with a SQLite registry: replicas with a file each would split the registry. "+
 			"Run one replica without --leader-elect, use PostgreSQL, or say --sqlite-shared-file if every replica opens the same file"))
 	}

@@ -13,39 +13,72 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-const registryUsage = `Usage: student-controller registry move-cluster --registry URL --registry-owner OWNER --from CLUSTER [--kubeconfig FILE]
+const registryUsage = `Usage:
+  student-controller registry move-cluster --registry URL --registry-owner OWNER --from CLUSTER [--kubeconfig FILE]
+  student-controller registry rename-owner --registry URL --registry-owner OWNER --to NEW
 
 move-cluster binds an owner's rows to the cluster that --kubeconfig reaches, where the
 registry binds them to CLUSTER now (the UID that the refusing controller printed). A
 controller refuses to write for an owner bound to another cluster; this is the one
 way to hand the rows over, for a rebuilt cluster or a registry moved with its data.
-It prints the binding before and after, and changes nothing else.
+
+rename-owner gives every row of OWNER, and its cluster binding, to NEW, which must own
+nothing yet; then start the controller with --registry-owner NEW. Stop the
+controllers of OWNER first: the rows they own are no longer theirs afterwards.
+
+Both print what they change, and change nothing else.
 `
 
 // registryCommand runs "student-controller registry ...": explicit, one-off changes to
 // what the registry records about its owners. It returns the process's exit code.
 func registryCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "move-cluster" {
+	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner") {
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	}
-	fs := flag.NewFlagSet("registry move-cluster", flag.ContinueOnError)
+	fs := flag.NewFlagSet("registry "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var opts options
 	opts.addFlags(fs)
-	from := fs.String("from", "", "The cluster the owner is bound to now (a kube-system namespace UID).")
+	from := fs.String("from", "", "move-cluster: the cluster the owner is bound to now (a kube-system namespace UID).")
+	to := fs.String("to", "", "rename-owner: the owner's new name.")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	if *from == "" || opts.owner == "" || fs.NArg() > 0 {
+	var err error
+	switch {
+	case opts.owner == "" || fs.NArg() > 0:
+		fmt.Fprint(stderr, registryUsage)
+		return 2
+	case args[0] == "move-cluster" && *from != "":
+		err = moveCluster(ctx, opts, *from, stdout)
+	case args[0] == "rename-owner" && *to != "":
+		err = renameOwner(ctx, opts, *to, stdout)
+	default:
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	}
-	if err := moveCluster(ctx, opts, *from, stdout); err != nil {
-		fmt.Fprintf(stderr, "student-controller registry move-cluster: %v\n", err)
+	if err != nil {
+		fmt.Fprintf(stderr, "student-controller registry %s: %v\n", args[0], err)
 		return 1
 	}
 	return 0
+}
+
+func renameOwner(ctx context.Context, opts options, to string, stdout io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{Password: opts.registryPassword()})
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	n, err := reg.RenameOwner(ctx, opts.owner, to)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "registry %s: %d rows and the cluster binding of owner %q now belong to %q\n", reg, n, opts.owner, to)
+	return nil
 }
 
 func moveCluster(ctx context.Context, opts options, from string, stdout io.Writer) error {

@@ -327,9 +327,9 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		result = resultTerminal
 		c.queue.Forget(key)
 		klog.FromContext(ctx).V(2).Info("Not retrying", "student", key, "reason", err)
-	case apierrors.IsConflict(err), errors.Is(err, registry.ErrStale):
+	case apierrors.IsConflict(err), errors.Is(err, registry.ErrStale), errors.Is(err, errCacheBehind):
 		// The cache was behind the API server, or behind another writer of the row;
-		// the retry reads the newer object.
+		// the retry reads the newer object. No failure: nothing counts it as an error.
 		result = resultConflict
 		c.queue.AddRateLimited(key)
 		klog.FromContext(ctx).V(2).Info("Conflict; will retry", "student", key, "err", err)

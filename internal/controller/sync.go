@@ -143,6 +143,15 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		if apierrors.IsNotFound(err) {
 			return c.undoStaleWrite(ctx, s)
 		}
+		if action == rowCreated {
+			// Whether the Student is gone must be known now: if it is, the retry finds
+			// no Student in the cache and leaves the row to the next sweep.
+			if gone, getErr := c.studentGone(ctx, s); gone {
+				return c.undoStaleWrite(ctx, s)
+			} else if getErr != nil {
+				return errors.Join(err, getErr)
+			}
+		}
 		return err
 	}
 	switch action {
@@ -180,6 +189,18 @@ func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (
 		return false, errCacheBehind
 	}
 	return true, nil
+}
+
+// studentGone asks the API server whether s is gone (or replaced by another of its name).
+func (c *Controller) studentGone(ctx context.Context, s *studentv1.Student) (bool, error) {
+	live, err := c.client.BolingcavalryV1().Students(s.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("ask whether the Student is gone: %w", err)
+	}
+	return live.UID != s.UID, nil
 }
 
 // undoStaleWrite lets go of the row of a Student that the API server no longer has,

@@ -11,8 +11,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2/ktesting"
 
@@ -471,6 +474,17 @@ func TestStaleCache(t *testing.T) {
 		if rows := f.rows(); len(rows) != 0 {
 			t.Errorf("rows after the sync: %v, want none until the cache catches up", rows)
 		}
+		// Waiting for the watch is no failure: it feeds no error metric (nor the
+		// StudentSyncsFailing alert) and is retried.
+		f.ctrl.queue.Add("school/a")
+		f.ctrl.processNextWorkItem(f.ctx)
+		if errs, conflicts := testutil.ToFloat64(f.metrics.reconcileTotal.WithLabelValues(resultError)),
+			testutil.ToFloat64(f.metrics.reconcileTotal.WithLabelValues(resultConflict)); errs != 0 || conflicts != 1 {
+			t.Errorf("syncs counted: %v errors, %v conflicts; want 0 and 1", errs, conflicts)
+		}
+		if f.ctrl.queue.NumRequeues("school/a") != 1 {
+			t.Error("the key is not queued again")
+		}
 	})
 
 	// A first write cannot be told from a stale one without a request per new Student;
@@ -492,6 +506,25 @@ func TestStaleCache(t *testing.T) {
 		}
 		if got := testutil.ToFloat64(f.metrics.rowsWritten.WithLabelValues(rowDeleted)); got != 1 {
 			t.Errorf("rows written with action deleted: %v, want 1", got)
+		}
+	})
+
+	// The same, when the status write fails otherwise (a timeout, an overloaded API
+	// server): the row must not wait for the next sweep either.
+	t.Run("first write for a Student gone, status write failing", func(t *testing.T) {
+		f := newFixture(t, newStudent("a", withFinalizer))
+		if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.client.PrependReactor("update", "students", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if a.GetSubresource() == "status" {
+				return true, nil, apierrors.NewServiceUnavailable("overloaded")
+			}
+			return false, nil, nil
+		})
+		_ = f.ctrl.sync(f.ctx, "school/a")
+		if rows := f.rows(); len(rows) != 0 {
+			t.Errorf("rows after the sync: %v, want none: the Student is gone", rows)
 		}
 	})
 }

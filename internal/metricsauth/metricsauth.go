@@ -33,8 +33,10 @@ type Filter struct {
 	client kubernetes.Interface
 	now    func() time.Time
 
-	mu    sync.Mutex
-	cache map[string]decision
+	mu sync.Mutex
+	// Allowed and refused decisions apart: anyone can send forged tokens, which fill
+	// and empty only the refusals, never the decisions of callers who may scrape.
+	allowed, refused map[string]decision
 }
 
 type decision struct {
@@ -44,7 +46,7 @@ type decision struct {
 
 // New returns a Filter that asks the API server through client.
 func New(client kubernetes.Interface) *Filter {
-	return &Filter{client: client, now: time.Now, cache: map[string]decision{}}
+	return &Filter{client: client, now: time.Now, allowed: map[string]decision{}, refused: map[string]decision{}}
 }
 
 // Wrap lets through to next only the requests that the API server allows.
@@ -115,7 +117,10 @@ func (f *Filter) decide(ctx context.Context, token, verb, path string) int {
 func (f *Filter) cached(key string) (int, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	d, ok := f.cache[key]
+	d, ok := f.allowed[key]
+	if !ok {
+		d, ok = f.refused[key]
+	}
 	if !ok || f.now().After(d.expires) {
 		return 0, false
 	}
@@ -123,18 +128,18 @@ func (f *Filter) cached(key string) (int, bool) {
 }
 
 func (f *Filter) remember(key string, status int) {
-	ttl := denyTTL
+	ttl, cache := denyTTL, f.refused
 	switch status {
 	case http.StatusOK:
-		ttl = allowTTL
+		ttl, cache = allowTTL, f.allowed
 	case http.StatusUnauthorized, http.StatusForbidden:
 	default:
 		return // the API server failed: ask again next time
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.cache) >= maxCached {
-		clear(f.cache)
+	if len(cache) >= maxCached {
+		clear(cache)
 	}
-	f.cache[key] = decision{status: status, expires: f.now().Add(ttl)}
+	cache[key] = decision{status: status, expires: f.now().Add(ttl)}
 }

@@ -1,6 +1,7 @@
 package metricsauth
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -95,5 +96,27 @@ func TestFilterCaches(t *testing.T) {
 	scrape()
 	if *calls != 4 {
 		t.Errorf("after the cache expired: %d API requests, want 4", *calls)
+	}
+}
+
+// TestBogusTokensKeepTheScraper: a burst of forged tokens, more than the cache holds,
+// does not evict the scraper's allowed decision (each forged token costs its own
+// TokenReview, never the scraper a new one).
+func TestBogusTokensKeepTheScraper(t *testing.T) {
+	client, calls := apiServer()
+	h := New(client).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	get := func(token string) {
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	get("reader")
+	for i := range 2 * maxCached {
+		get(fmt.Sprintf("forged-%d", i))
+	}
+	before := *calls
+	get("reader")
+	if *calls != before {
+		t.Errorf("the scraper's next scrape cost %d API requests after a burst of forged tokens, want 0", *calls-before)
 	}
 }

@@ -74,3 +74,38 @@ func (r *Registry) MoveCluster(ctx context.Context, owner, from, to string) (Bin
 	}
 	return r.binding(ctx, owner)
 }
+
+// RenameOwner gives every row of owner from, and its cluster binding, to owner to, in
+// one transaction, and returns how many rows moved. It refuses when to already owns
+// rows or a binding, so that two owners' rows never merge by mistake. Stop the
+// controllers of both owners first.
+func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, error) {
+	if from == "" || to == "" || from == to {
+		return 0, fmt.Errorf("rename owner: want two different, non-empty owners (from %q, to %q)", from, to)
+	}
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("rename owner: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var taken int
+	if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM students WHERE owner = $1) + (SELECT count(*) FROM owner_clusters WHERE owner = $1)`,
+		to).Scan(&taken); err != nil {
+		return 0, fmt.Errorf("rename owner: %w", err)
+	}
+	if taken > 0 {
+		return 0, fmt.Errorf("rename owner %q to %q: %q already owns rows or a cluster binding; nothing moved", from, to, to)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE students SET owner = $2 WHERE owner = $1`, from, to)
+	if err != nil {
+		return 0, fmt.Errorf("rename owner: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE owner_clusters SET owner = $2 WHERE owner = $1`, from, to); err != nil {
+		return 0, fmt.Errorf("rename owner: %w", err)
+	}
+	return n, tx.Commit()
+}

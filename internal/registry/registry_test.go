@@ -539,6 +539,33 @@ func runSuite(t *testing.T, b backend) {
 			t.Errorf("the old cluster after the move: %v, want ErrOtherCluster", err)
 		}
 	})
+
+	t.Run("an owner renamed takes its rows and binding along", func(t *testing.T) {
+		r := open(t, b.url(t), newFakeClock())
+		for _, rec := range []registry.Record{student("u1", "old"), student("u2", "old"), student("u3", "taken")} {
+			if _, err := r.Upsert(ctx, rec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := r.Bind(ctx, "old", "cluster-a"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.RenameOwner(ctx, "old", "taken"); err == nil {
+			t.Error("renaming onto an owner with rows succeeded")
+		}
+		if n, err := r.RenameOwner(ctx, "old", "new"); err != nil || n != 2 {
+			t.Fatalf("RenameOwner: %d, %v; want 2 rows", n, err)
+		}
+		if rows, _, err := r.List(ctx, "new"); err != nil || len(rows) != 2 {
+			t.Errorf("rows of the new owner: %v, %v", rows, err)
+		}
+		if rows, _, _ := r.List(ctx, "old"); len(rows) != 0 {
+			t.Errorf("rows left with the old owner: %v", rows)
+		}
+		if _, err := r.Bind(ctx, "new", "cluster-b"); !errors.Is(err, registry.ErrOtherCluster) {
+			t.Errorf("the new owner's binding: %v, want it bound to cluster-a", err)
+		}
+	})
 }
 
 func TestOpenErrors(t *testing.T) {

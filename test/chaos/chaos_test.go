@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -172,11 +173,14 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	args := []string{
 		"--kubeconfig", c.controllerKubeconfig,
 		"--registry", registryURL, "--registry-owner", owner,
-		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", systemNamespace,
+		"--leader-elect", "--leader-elect-namespace", systemNamespace,
 		"--leader-elect-lease-duration", leaseDuration.String(),
 		"--leader-elect-renew-deadline", renewDeadline.String(),
 		"--leader-elect-retry-period", retryPeriod.String(),
 		"-v=2",
+	}
+	if strings.HasPrefix(registryURL, "sqlite:") {
+		args = append(args, "--sqlite-shared-file") // the replicas share the one file
 	}
 	if w.ctrl, err = startControllers(bin, 2, args, env, dir); err != nil {
 		t.Fatal(err)

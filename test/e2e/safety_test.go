@@ -38,10 +38,14 @@ func TestWrongClusterDeletesNothing(t *testing.T) {
 
 	other := ownControlPlane(t, controlplane.Options{})
 	b := startProcess(t, "controller of cluster B", append([]string{"--kubeconfig", other.Kubeconfig}, common...)...)
-	err := b.wait(30 * time.Second)
-	if code := exitCode(err); code != 1 || !strings.Contains(b.logs.String(), "is bound to cluster") ||
-		!strings.Contains(b.logs.String(), "student-controller registry move-cluster") {
-		t.Errorf("controller of cluster B: exit %d, want 1 with the binding and the way to move it in its output", code)
+	select {
+	case <-b.exited:
+		if code := exitCode(b.exitErr); code != 1 || !strings.Contains(b.logs.String(), "is bound to cluster") ||
+			!strings.Contains(b.logs.String(), "student-controller registry move-cluster") {
+			t.Errorf("controller of cluster B: exit %d, want 1 with the binding and the way to move it in its output", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("controller of cluster B still runs after 30 s; want it to refuse at once")
 	}
 	if diff := rowsDiff(before, rowsOf(t, db)); diff != "" {
 		t.Errorf("the rows changed after a controller of another cluster ran:\n%s", diff)
@@ -146,7 +150,7 @@ func TestControlCharactersRefused(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	for _, spec := range []studentv1.StudentSpec{{Name: "a\x00b", School: "s"}, {Name: "a", School: "line\nbreak"}} {
-		_, err := students(ns).Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Name: "control"}, Spec: spec}, metav1.CreateOptions{})
+		_, err := students(ns).Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{GenerateName: "control-"}, Spec: spec}, metav1.CreateOptions{})
 		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "control characters") {
 			t.Errorf("create with spec %q: %v; want Invalid, naming control characters", spec, err)
 		}
@@ -215,4 +219,47 @@ func withoutControlRule(t *testing.T, fn func()) {
 		t.Fatalf("take the rule out of the CRD: %v\n%s", err, out)
 	}
 	fn()
+}
+
+// TestRenameOwner: `registry rename-owner` hands an owner's rows to a new owner mark,
+// and a controller started with the new mark takes them over; without it every row
+// would stay RowOwnedElsewhere, and the rows of Delete Students would outlive them.
+func TestRenameOwner(t *testing.T) {
+	ns := newNamespace(t)
+	path := filepath.Join(t.TempDir(), "registry.db")
+	db := rawDB(t, path)
+	run := func(owner string) *process {
+		return startProcess(t, "controller "+owner, "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+			"--registry", "sqlite://"+path, "--registry-owner", owner)
+	}
+	old := run(owner)
+	createMany(t, ns, 2, "r")
+	waitAllReady(t, ns, 2, time.Minute)
+	old.signal(syscall.SIGTERM)
+	if err := old.wait(45 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	const renamed = "renamed-controller"
+	out, err := exec.Command(controllerBinary(t), "registry", "rename-owner", "--registry", "sqlite://"+path,
+		"--registry-owner", owner, "--to", renamed).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "2 rows") {
+		t.Fatalf("registry rename-owner: %v\n%s", err, out)
+	}
+	run(renamed)
+	if err := students(ns).Delete(context.Background(), "r-000", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the deleted Student's row gone and the other's owned by the new mark", func(ctx context.Context) (bool, error) {
+		if _, err := students(ns).Get(ctx, "r-000", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		rows := rowsOf(t, db)
+		return len(rows) == 1 && func() bool {
+			for _, r := range rows {
+				return r.Owner == renamed
+			}
+			return false
+		}(), nil
+	})
 }

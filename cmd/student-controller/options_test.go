@@ -1,0 +1,47 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"testing"
+)
+
+// TestValidate: flag combinations that cannot work are refused at start, each with
+// what is wrong.
+func TestValidate(t *testing.T) {
+	tests := map[string]struct {
+		args []string
+		want string // "" for valid
+	}{
+		"defaults":                     {},
+		"postgres, two replicas":       {args: []string{"--registry=postgres://u@db/s", "--leader-elect"}},
+		"sqlite, shared file":          {args: []string{"--leader-elect", "--sqlite-shared-file"}},
+		"sqlite with leader election":  {args: []string{"--leader-elect"}, want: "replicas with a file each would split the registry"},
+		"password file for sqlite":     {args: []string{"--registry-password-file=/p"}, want: "SQLite takes no password"},
+		"shared file without sqlite":   {args: []string{"--registry=postgres://u@db/s", "--leader-elect", "--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
+		"shared file without election": {args: []string{"--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
+		"secure metrics, no metrics":   {args: []string{"--metrics-secure", "--metrics-bind-address=0"}, want: "no metrics endpoint to secure"},
+		"lease flags without election": {args: []string{"--leader-elect-id=x"}, want: "--leader-elect-id without --leader-elect"},
+		"sweep percent out of range":   {args: []string{"--sweep-max-deletion-percent=0"}, want: "--sweep-max-deletion-percent must be within 1 and 100"},
+		"workers":                      {args: []string{"--workers=0"}, want: "--workers must be at least 1"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			var o options
+			o.addFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			o.set = map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+			err := o.validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("validate: %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("validate: %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
