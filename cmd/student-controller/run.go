@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -47,14 +49,34 @@ func run(ctx context.Context, opts options) error {
 	}
 	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
 
-	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{
-		Password:        opts.registryPassword(),
-		MaxOpenConns:    opts.maxOpenConns,
-		MaxIdleConns:    opts.maxIdleConns,
-		ConnMaxLifetime: opts.connMaxLifetime,
-	})
+	kubeClient, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+
+	var servers sync.WaitGroup
+	defer servers.Wait()
+	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+
+	// Probes first: while the registry is out of reach the Pod is alive and not ready,
+	// rather than a crash loop.
+	var watchdog *leaderelection.HealthzAdaptor
+	if opts.leaderElect {
+		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	}
+	var running atomic.Pointer[controller.Controller]
+	synced := func() bool { c := running.Load(); return c != nil && c.HasSynced() }
+	if opts.probeAddr != "0" {
+		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(synced, watchdog), ReadHeaderTimeout: 5 * time.Second}
+		if err := listenAndServe(serveCtx, &servers, probes, "probes"); err != nil {
+			return err
+		}
+	}
+
+	reg, cluster, err := openRegistry(ctx, opts, kubeClient)
+	if err != nil || reg == nil {
+		return err // nil: stopped before the registry answered
 	}
 	defer reg.Close()
 	logger.Info("Registry open", "registry", reg.String(), "owner", opts.owner)
@@ -72,14 +94,6 @@ func run(ctx context.Context, opts options) error {
 	}
 	// With leader election the gate is the elector's; without, it always says yes.
 	gate := &leaseGate{}
-	kubeClient, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
-	cluster, err := bindCluster(ctx, kubeClient, reg, opts.owner)
-	if err != nil {
-		return err
-	}
 	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
 		Namespace:    opts.namespace,
 		ResyncPeriod: opts.resyncPeriod,
@@ -101,22 +115,8 @@ func run(ctx context.Context, opts options) error {
 	}
 	defer wiring.Shutdown()
 	ctrl := wiring.Controller
+	running.Store(ctrl)
 
-	var servers sync.WaitGroup
-	defer servers.Wait()
-	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopServing()
-
-	var watchdog *leaderelection.HealthzAdaptor
-	if opts.leaderElect {
-		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
-	}
-	if opts.probeAddr != "0" {
-		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(ctrl.HasSynced, watchdog), ReadHeaderTimeout: 5 * time.Second}
-		if err := listenAndServe(serveCtx, &servers, probes, "probes"); err != nil {
-			return err
-		}
-	}
 	if opts.pprofAddr != "0" {
 		profiling := &http.Server{Addr: opts.pprofAddr, Handler: pprofHandler(), ReadHeaderTimeout: 5 * time.Second}
 		if err := listenAndServe(serveCtx, &servers, profiling, "pprof"); err != nil {
@@ -141,6 +141,49 @@ func run(ctx context.Context, opts options) error {
 	return runLeading(ctx, opts, wiring.KubeClient, wiring.Recorder, watchdog, gate, func(ctx context.Context) error {
 		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
 	})
+}
+
+// openRegistry opens the registry and binds the owner to this cluster. While either is
+// out of reach it retries with backoff, each attempt bounded by --sync-timeout; what
+// retrying cannot fix ends it at once: a malformed URL, the owner bound to another
+// cluster. It returns a nil registry and no error when ctx ends first.
+func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Interface) (*registry.Registry, string, error) {
+	if err := registry.CheckURL(opts.registryURL); err != nil {
+		return nil, "", err
+	}
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
+	for {
+		attempt, cancel := context.WithTimeout(ctx, opts.syncTimeout)
+		reg, err := registry.Open(attempt, opts.registryURL, registry.Options{
+			Password:        opts.registryPassword(),
+			MaxOpenConns:    opts.maxOpenConns,
+			MaxIdleConns:    opts.maxIdleConns,
+			ConnMaxLifetime: opts.connMaxLifetime,
+		})
+		var cluster string
+		if err == nil {
+			cluster, err = bindCluster(attempt, kubeClient, reg, opts.owner)
+			if err != nil {
+				_ = reg.Close()
+			}
+		}
+		cancel()
+		switch {
+		case err == nil:
+			return reg, cluster, nil
+		case errors.Is(err, registry.ErrOtherCluster):
+			return nil, "", err
+		case ctx.Err() != nil:
+			return nil, "", nil
+		}
+		delay := backoff.Step()
+		klog.FromContext(ctx).Error(err, "Registry not reachable yet; the Pod stays not ready and retries", "in", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil, "", nil
+		case <-time.After(delay):
+		}
+	}
 }
 
 // clusterID names the cluster a client reaches: the UID of its kube-system namespace,

@@ -50,7 +50,11 @@ func loadMigrations(d *dialect) ([]migration, error) {
 // migrate applies the embedded migrations that the database lacks, in one transaction
 // under the database's write lock, so that it is safe when two controllers start at
 // once and leaves the schema untouched when a migration fails.
-func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time) error {
+//
+// On PostgreSQL every lock it waits for is bounded by lockTimeout: a migration stuck
+// behind a long transaction fails, and the caller retries, rather than holding up every
+// statement queued behind its own lock request.
+func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time, lockTimeout time.Duration) error {
 	migrations, err := loadMigrations(d)
 	if err != nil {
 		return err
@@ -68,6 +72,11 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time) error {
 	}
 	defer func() { _ = tx.Rollback() }()
 
+	if d == postgres {
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", lockTimeout.Milliseconds())); err != nil {
+			return fmt.Errorf("set lock_timeout for migration: %w", err)
+		}
+	}
 	if d.lockMigrations != "" {
 		if _, err := tx.ExecContext(ctx, d.lockMigrations); err != nil {
 			return fmt.Errorf("lock for migration: %w", err)

@@ -77,6 +77,9 @@ type Options struct {
 	MaxOpenConns    int
 	MaxIdleConns    int
 	ConnMaxLifetime time.Duration
+	// MigrationLockTimeout bounds each lock a migration waits for on PostgreSQL
+	// (default 10 seconds); Open then fails, and its caller retries.
+	MigrationLockTimeout time.Duration
 }
 
 // MalformedRow is an owned row that List could not read and left out.
@@ -165,7 +168,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	if err := ping(ctx, db, src.dialect); err != nil {
 		return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
 	}
-	if err := migrate(ctx, db, src.dialect, r.now()); err != nil {
+	if err := migrate(ctx, db, src.dialect, r.now(), cmp.Or(opts.MigrationLockTimeout, 10*time.Second)); err != nil {
 		return nil, errors.Join(fmt.Errorf("migrate registry %s: %w", src.display, err), db.Close())
 	}
 	for _, p := range []struct {

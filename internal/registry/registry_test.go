@@ -738,3 +738,43 @@ func TestPostgresPasswordRotation(t *testing.T) {
 		t.Errorf("write after the password was rotated: %v", err)
 	}
 }
+
+// TestMigrationLockTimeout: a migration waiting behind another session's lock gives up
+// after the lock timeout instead of waiting for ever (and holding up every statement
+// queued behind its own request); Open fails and says why.
+func TestMigrationLockTimeout(t *testing.T) {
+	ctx := context.Background()
+	server, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatalf("PostgreSQL needed: %v", err)
+	}
+	defer server.Close()
+	if err := server.CreateDatabase(ctx, "registry"); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := sql.Open("pgx", server.URL("registry", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	conn, err := holder.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// What a long-running migration of another replica, or a backup's lock, holds.
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock(1937011044)`); err != nil {
+		t.Fatal(err)
+	}
+	openCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	began := time.Now()
+	r, err := registry.Open(openCtx, server.URL("registry", true), registry.Options{MigrationLockTimeout: time.Second})
+	if err == nil {
+		r.Close()
+		t.Fatal("Open succeeded while another session held the migration lock")
+	}
+	if took := time.Since(began); took > 10*time.Second || !strings.Contains(err.Error(), "lock timeout") {
+		t.Errorf("Open gave up after %v with %v; want a lock timeout within seconds", took.Round(time.Millisecond), err)
+	}
+}

@@ -19,6 +19,13 @@ type source struct {
 	withPassword func(password string) string
 }
 
+// CheckURL reports what is wrong with a registry URL, without connecting; nil when
+// Open can try it.
+func CheckURL(rawURL string) error {
+	_, err := parseURL(rawURL)
+	return err
+}
+
 // parseURL parses a registry URL:
 //
 //	sqlite:///ABSOLUTE/PATH.db   a SQLite file at an absolute path

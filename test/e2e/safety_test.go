@@ -263,3 +263,46 @@ func TestRenameOwner(t *testing.T) {
 		}(), nil
 	})
 }
+
+// TestStartsBeforeTheRegistry: with PostgreSQL down at start the controller does not
+// crash-loop: its probes answer at once (alive, not ready) and it keeps trying; once
+// the server is up it opens the registry, becomes ready and syncs.
+func TestStartsBeforeTheRegistry(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	url, db := backends()[1].newRegistry(t)
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = pg.Start(ctx)
+		}
+	}()
+	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--registry", url, "--registry-owner", owner)
+	waitFor(t, 10*time.Second, "the probes to answer", func() bool {
+		code, _, err := get("http://" + p.probeAddr + "/healthz")
+		return err == nil && code == 200
+	})
+	time.Sleep(3 * time.Second) // a few attempts to open the registry
+	select {
+	case <-p.exited:
+		t.Fatalf("the controller exited while the registry was down: %v", p.exitErr)
+	default:
+	}
+	if code, body, err := get("http://" + p.probeAddr + "/readyz"); err != nil || code != 503 {
+		t.Errorf("/readyz with the registry down: %d %q %v, want 503", code, body, err)
+	}
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	if _, err := students(ns).Create(ctx, newStudent("zhang-san", "深圳中学", ""), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	assertRowsMatch(t, db, waitAllReady(t, ns, 1, time.Minute))
+	if code, _, err := get("http://" + p.probeAddr + "/readyz"); err != nil || code != 200 {
+		t.Errorf("/readyz once the registry is up: %d %v, want 200", code, err)
+	}
+}
