@@ -135,12 +135,18 @@ func run(ctx context.Context, opts options) error {
 	defer stopInformers()
 	wiring.Start(informersCtx)
 
-	if !opts.leaderElect {
+	// Writing starts with the owner's write fence: from then on a former writer's late
+	// write (a paused leader's, one that waited on a lock) is rolled back.
+	work := func(ctx context.Context) error {
+		if !takeFence(ctx, reg, opts.owner) {
+			return nil
+		}
 		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
 	}
-	return runLeading(ctx, opts, wiring.KubeClient, wiring.Recorder, watchdog, gate, func(ctx context.Context) error {
-		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
-	})
+	if !opts.leaderElect {
+		return work(ctx)
+	}
+	return runLeading(ctx, opts, wiring.KubeClient, wiring.Recorder, watchdog, gate, work)
 }
 
 // openRegistry opens the registry and binds the owner to this cluster. While either is
@@ -181,6 +187,27 @@ func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Inter
 		select {
 		case <-ctx.Done():
 			return nil, "", nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+// takeFence takes the registry owner's write fence, retrying while the registry fails;
+// false when ctx ends first.
+func takeFence(ctx context.Context, reg *registry.Registry, owner string) bool {
+	logger := klog.FromContext(ctx)
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
+	for {
+		token, err := reg.TakeFence(ctx, owner)
+		if err == nil {
+			logger.Info("Took the registry owner's write fence", "owner", owner, "token", token)
+			return true
+		}
+		delay := backoff.Step()
+		logger.Error(err, "Cannot take the registry owner's write fence; retrying", "in", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return false
 		case <-time.After(delay):
 		}
 	}
@@ -279,6 +306,9 @@ func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interfa
 				defer cancel()
 				defer context.AfterFunc(leading, cancel)()
 				fnErr = fn(runCtx)
+				// fn ended on its own (fenced, the owner moved): no leader that does
+				// nothing; the Lease goes, and the process exits with fn's error.
+				stopElector()
 			},
 			OnStoppedLeading: func() { logger.Info("Stopped leading", "identity", id) },
 			OnNewLeader: func(identity string) {
@@ -301,6 +331,13 @@ func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interfa
 	}()
 	elector.Run(electorCtx)
 
+	select {
+	case <-fnDone:
+		if fnErr != nil {
+			return fnErr
+		}
+	default:
+	}
 	if ctx.Err() == nil {
 		// The Lease was lost while still wanted: another replica may already be writing.
 		return errors.New("lost the leader election Lease")

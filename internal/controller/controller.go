@@ -113,6 +113,9 @@ type Controller struct {
 	recorder record.EventRecorder
 	cfg      Config
 	clock    clock.PassiveClock
+	// stop ends Run with a cause that leaves this controller nothing to do: the owner
+	// moved to another cluster, or another controller took over the owner's writes.
+	stop context.CancelCauseFunc
 	// malformed are the uids of the unreadable rows the last sweep found; a row is
 	// logged when it first shows up here. Only Sweep, which never runs twice at once,
 	// touches it.
@@ -245,9 +248,8 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		return errors.New("the Student cache did not sync before shutdown")
 	}
 
-	// A sweep that finds the owner bound to another cluster stops the controller.
-	ctx, stop := context.WithCancelCause(ctx)
-	defer stop(nil)
+	ctx, c.stop = context.WithCancelCause(ctx)
+	defer c.stop(nil)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -261,8 +263,8 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 				start := time.Now()
 				result, err := c.Sweep(ctx)
 				c.cfg.Metrics.observeSweep(result, err, time.Since(start))
-				if errors.Is(err, registry.ErrOtherCluster) {
-					stop(err)
+				if errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrFenced) {
+					c.stop(err)
 					return
 				}
 				if err != nil {
@@ -278,7 +280,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	c.queue.ShutDown()
 	wg.Wait()
 	logger.Info("Controller stopped")
-	if err := context.Cause(ctx); errors.Is(err, registry.ErrOtherCluster) {
+	if err := context.Cause(ctx); errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrFenced) {
 		return err
 	}
 	return nil
@@ -322,6 +324,15 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		c.queue.Forget(key)
 		c.queue.AddAfter(key, notLeadingRetry)
 		klog.FromContext(ctx).V(2).Info("Not writing; will retry", "student", key, "reason", err)
+	case errors.Is(err, registry.ErrFenced):
+		// Another controller of the owner took over its writes (a new leader): this
+		// one's write was rolled back, and it stops.
+		result = resultNotLeading
+		c.queue.Forget(key)
+		klog.FromContext(ctx).Info("Another controller took over the registry owner's writes; stopping", "student", key, "err", err)
+		if c.stop != nil {
+			c.stop(err)
+		}
 	case errors.As(err, &term):
 		// Retrying cannot help; a change to the object brings it back.
 		result = resultTerminal

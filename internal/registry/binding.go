@@ -75,9 +75,10 @@ func (r *Registry) MoveCluster(ctx context.Context, owner, from, to string) (Bin
 	return r.binding(ctx, owner)
 }
 
-// RenameOwner gives every row of owner from, and its cluster binding, to owner to, in
+// RenameOwner gives every row of owner from, its cluster binding and its write fence,
+// to owner to, in
 // one transaction, and returns how many rows moved. It refuses when to already owns
-// rows or a binding, so that two owners' rows never merge by mistake. Stop the
+// rows, a binding or a fence, so that two owners' rows never merge by mistake. Stop the
 // controllers of both owners first.
 func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, error) {
 	if from == "" || to == "" || from == to {
@@ -89,7 +90,7 @@ func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, err
 	}
 	defer func() { _ = tx.Rollback() }()
 	var taken int
-	if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM students WHERE owner = $1) + (SELECT count(*) FROM owner_clusters WHERE owner = $1)`,
+	if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM students WHERE owner = $1) + (SELECT count(*) FROM owner_clusters WHERE owner = $1) + (SELECT count(*) FROM fences WHERE owner = $1)`,
 		to).Scan(&taken); err != nil {
 		return 0, fmt.Errorf("rename owner: %w", err)
 	}
@@ -104,8 +105,11 @@ func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, err
 	if err != nil {
 		return 0, err
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE owner_clusters SET owner = $2 WHERE owner = $1`, from, to); err != nil {
-		return 0, fmt.Errorf("rename owner: %w", err)
+	for _, table := range []string{"owner_clusters", "fences"} {
+		// #nosec G202 -- the two table names above, not input.
+		if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET owner = $2 WHERE owner = $1`, from, to); err != nil {
+			return 0, fmt.Errorf("rename owner: %w", err)
+		}
 	}
 	return n, tx.Commit()
 }

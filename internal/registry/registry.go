@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +30,9 @@ var (
 	// a controller watching the wrong cluster would otherwise take every row for an
 	// orphan.
 	ErrOtherCluster = errors.New("the registry owner belongs to another cluster")
+	// ErrFenced: another controller of the same owner took the owner's write fence
+	// after this one (a new leader); the write was rolled back.
+	ErrFenced = errors.New("another controller took over this owner's writes")
 )
 
 // Deletion policies a row records, as its Student's spec.deletionPolicy says.
@@ -98,7 +102,11 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// took 8% of the controller's CPU time with SQLite.
-	get, upsert, del, release, delPolicy, releaseAsIs *sql.Stmt
+	get, upsert, del, release, delPolicy, releaseAsIs, fenceCheck *sql.Stmt
+	// fence is the write token this registry holds (TakeFence), for fenceOwner; 0
+	// while it holds none and writes unfenced.
+	fence      atomic.Int64
+	fenceOwner atomic.Pointer[string]
 }
 
 const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy`
@@ -140,6 +148,10 @@ const (
 		UPDATE students SET created_at = CASE WHEN %[1]s THEN created_at ELSE $3 END,
 			owner = NULL, released_at = $3, updated_at = $3
 		WHERE uid = $1 AND owner = $2`
+	// The last statement of a fenced write: it locks the owner's fence row (on
+	// PostgreSQL; SQLite's write lock covers the whole transaction) and finds it only
+	// while it still holds this controller's token.
+	fenceCheckSQL = `UPDATE fences SET token = token WHERE owner = $1 AND token = $2`
 )
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
@@ -183,6 +195,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 			fmt.Sprintf(src.dialect.notNewer, "generation", "$7"))},
 		{&r.delPolicy, deletePolicySQL},
 		{&r.releaseAsIs, fmt.Sprintf(releaseAsIsSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
+		{&r.fenceCheck, fenceCheckSQL},
 	} {
 		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
 			return nil, errors.Join(fmt.Errorf("open registry %s: prepare statements: %w", src.display, err), r.Close())
@@ -218,7 +231,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs} {
+	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs, r.fenceCheck} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -395,9 +408,14 @@ func (r *Registry) Upsert(ctx context.Context, rec Record) (Record, error) {
 	}
 	now := r.now().UTC()
 	stored := rec
-	err := r.upsert.QueryRowContext(ctx,
-		rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy),
-	).Scan(&stored.CreatedAt, &stored.UpdatedAt)
+	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) error {
+		return in(r.upsert).QueryRowContext(ctx,
+			rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy),
+		).Scan(&stored.CreatedAt, &stored.UpdatedAt)
+	})
+	if errors.Is(err, ErrFenced) {
+		return Record{}, err
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, r.notWritten(ctx, rec)
 	}
@@ -431,11 +449,15 @@ func policyOf(p string) string {
 // deleted: a missing row is no error (the delete already happened); a row with another
 // owner is ErrNotOwned.
 func (r *Registry) Delete(ctx context.Context, uid, owner string) (bool, error) {
-	res, err := r.del.ExecContext(ctx, uid, owner)
+	var n int64
+	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) (err error) {
+		n, err = affected(in(r.del).ExecContext(ctx, uid, owner))
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("delete row %s: %w", uid, err)
 	}
-	return r.changedOrAbsent(ctx, res, Record{UID: uid, Owner: owner})
+	return r.changedOrAbsent(ctx, n, Record{UID: uid, Owner: owner})
 }
 
 // Release gives up rec.Owner's claim on the row for rec.UID: the row stays, with the
@@ -444,12 +466,16 @@ func (r *Registry) Delete(ctx context.Context, uid, owner string) (bool, error) 
 // released, is ErrNotOwned; a row that holds a newer generation than rec is ErrStale.
 func (r *Registry) Release(ctx context.Context, rec Record) (bool, error) {
 	now := r.now().UTC()
-	res, err := r.release.ExecContext(ctx, rec.UID, rec.Owner,
-		rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Generation, now)
+	var n int64
+	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) (err error) {
+		n, err = affected(in(r.release).ExecContext(ctx, rec.UID, rec.Owner,
+			rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Generation, now))
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("release row %s: %w", rec.UID, err)
 	}
-	return r.changedOrAbsent(ctx, res, rec)
+	return r.changedOrAbsent(ctx, n, rec)
 }
 
 // Outcome is what Relinquish did to a row.
@@ -470,35 +496,88 @@ const (
 // without its Student ever deletes what should have been kept. A row with another
 // owner, or already released, is ErrNotOwned.
 func (r *Registry) Relinquish(ctx context.Context, uid, owner string) (Outcome, error) {
-	res, err := r.delPolicy.ExecContext(ctx, uid, owner)
-	if err != nil {
-		return Absent, fmt.Errorf("delete row %s: %w", uid, err)
+	var deleted, released int64
+	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) (err error) {
+		if deleted, err = affected(in(r.delPolicy).ExecContext(ctx, uid, owner)); err != nil || deleted > 0 {
+			return err
+		}
+		released, err = affected(in(r.releaseAsIs).ExecContext(ctx, uid, owner, r.now().UTC()))
+		return err
+	})
+	switch {
+	case err != nil:
+		return Absent, fmt.Errorf("let go of row %s: %w", uid, err)
+	case deleted > 0:
+		return Deleted, nil
 	}
-	if n, err := res.RowsAffected(); err != nil || n > 0 {
-		return Deleted, err
-	}
-	res, err = r.releaseAsIs.ExecContext(ctx, uid, owner, r.now().UTC())
-	if err != nil {
-		return Absent, fmt.Errorf("release row %s: %w", uid, err)
-	}
-	released, err := r.changedOrAbsent(ctx, res, Record{UID: uid, Owner: owner})
-	if !released {
+	ok, err := r.changedOrAbsent(ctx, released, Record{UID: uid, Owner: owner})
+	if !ok {
 		return Absent, err
 	}
-	return Released, err
+	return Released, nil
 }
 
-// changedOrAbsent reports whether a delete or release of rec changed a row: a missing
-// row is no error, anything else that stopped it is (see notWritten).
-func (r *Registry) changedOrAbsent(ctx context.Context, res sql.Result, rec Record) (bool, error) {
-	n, err := res.RowsAffected()
+// affected is the number of rows a statement changed.
+func affected(res sql.Result, err error) (int64, error) {
 	if err != nil {
-		return false, fmt.Errorf("row %s: %w", rec.UID, err)
+		return 0, err
 	}
+	return res.RowsAffected()
+}
+
+// TakeFence takes owner's write fence for this registry: it raises the owner's token
+// in the registry and holds the new one, and from then on every write of this
+// registry commits only while the owner's token is still its own. A controller takes
+// it when it starts to write (as it becomes the leader): any other controller of the
+// owner that still writes, a former leader resumed from a pause, a write of it that
+// waited on a lock, is then rolled back with ErrFenced.
+func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
+	var token int64
+	err := r.db.QueryRowContext(ctx, `INSERT INTO fences (owner, token) VALUES ($1, 1)
+		ON CONFLICT (owner) DO UPDATE SET token = fences.token + 1 RETURNING token`, owner).Scan(&token)
+	if err != nil {
+		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
+	}
+	r.fenceOwner.Store(&owner)
+	r.fence.Store(token)
+	return token, nil
+}
+
+// fenced runs the statements of one write: as they are while this registry holds no
+// fence; else in one transaction that ends with the fence check, rolled back with
+// ErrFenced when another controller has taken the owner's fence since. fn runs its
+// statements through in, which puts them in the transaction.
+func (r *Registry) fenced(ctx context.Context, fn func(in func(*sql.Stmt) *sql.Stmt) error) error {
+	token := r.fence.Load()
+	if token == 0 {
+		return fn(func(s *sql.Stmt) *sql.Stmt { return s })
+	}
+	owner := *r.fenceOwner.Load()
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := fn(func(s *sql.Stmt) *sql.Stmt { return tx.StmtContext(ctx, s) }); err != nil {
+		return err
+	}
+	n, err := affected(tx.StmtContext(ctx, r.fenceCheck).ExecContext(ctx, owner, token))
+	if err != nil {
+		return fmt.Errorf("check the write fence: %w", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("write fence %d of owner %q: %w", token, owner, ErrFenced)
+	}
+	return tx.Commit()
+}
+
+// changedOrAbsent reports whether a delete or release of rec changed a row (n rows): a
+// missing row is no error, anything else that stopped it is (see notWritten).
+func (r *Registry) changedOrAbsent(ctx context.Context, n int64, rec Record) (bool, error) {
 	if n > 0 {
 		return true, nil
 	}
-	err = r.notWritten(ctx, rec)
+	err := r.notWritten(ctx, rec)
 	if errors.Is(err, ErrNotFound) {
 		return false, nil
 	}

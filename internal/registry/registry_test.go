@@ -540,6 +540,40 @@ func runSuite(t *testing.T, b backend) {
 		}
 	})
 
+	t.Run("a write fenced by a newer writer is rolled back", func(t *testing.T) {
+		url := b.url(t)
+		old, next := open(t, url, newFakeClock()), open(t, url, newFakeClock())
+		if tok, err := old.TakeFence(ctx, "ctl"); err != nil || tok != 1 {
+			t.Fatalf("TakeFence: %d, %v; want 1", tok, err)
+		}
+		if _, err := old.Upsert(ctx, student("u1", "ctl")); err != nil {
+			t.Fatal(err)
+		}
+		if tok, err := next.TakeFence(ctx, "ctl"); err != nil || tok != 2 {
+			t.Fatalf("TakeFence of the next leader: %d, %v; want 2", tok, err)
+		}
+		late := student("u1", "ctl")
+		late.School, late.Generation = "a late write", 2
+		if _, err := old.Upsert(ctx, late); !errors.Is(err, registry.ErrFenced) {
+			t.Errorf("Upsert by the fenced writer: %v, want ErrFenced", err)
+		}
+		if _, err := old.Delete(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrFenced) {
+			t.Errorf("Delete by the fenced writer: %v, want ErrFenced", err)
+		}
+		if _, err := old.Release(ctx, late); !errors.Is(err, registry.ErrFenced) {
+			t.Errorf("Release by the fenced writer: %v, want ErrFenced", err)
+		}
+		if _, err := old.Relinquish(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrFenced) {
+			t.Errorf("Relinquish by the fenced writer: %v, want ErrFenced", err)
+		}
+		if got, err := next.Get(ctx, "u1"); err != nil || got.School != "深圳中学" || got.Owner != "ctl" {
+			t.Errorf("row after the fenced writes: %+v, %v; want it unchanged", got, err)
+		}
+		if _, err := next.Upsert(ctx, late); err != nil {
+			t.Errorf("Upsert by the fence's holder: %v", err)
+		}
+	})
+
 	t.Run("an owner renamed takes its rows and binding along", func(t *testing.T) {
 		r := open(t, b.url(t), newFakeClock())
 		for _, rec := range []registry.Record{student("u1", "old"), student("u2", "old"), student("u3", "taken")} {

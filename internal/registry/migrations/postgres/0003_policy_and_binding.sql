@@ -4,7 +4,9 @@
 -- next writes the row from its Student; a row whose policy is unknown is released,
 -- never deleted. owner_clusters: the cluster each owner mark belongs to (the UID of
 -- its kube-system namespace), bound on first use; a controller watching another
--- cluster refuses to write.
+-- cluster refuses to write. fences: each owner's write token, raised by a controller
+-- as it starts to write (becomes the leader); every write commits only while the
+-- token is still the writer's, so a former leader's late write is rolled back.
 ALTER TABLE students ADD COLUMN deletion_policy TEXT
     CONSTRAINT students_deletion_policy CHECK (deletion_policy IN ('Delete', 'Orphan'));
 
@@ -12,4 +14,9 @@ CREATE TABLE owner_clusters (
     owner    TEXT        NOT NULL PRIMARY KEY CHECK (owner <> ''),
     cluster  TEXT        NOT NULL CHECK (cluster <> ''),
     bound_at TIMESTAMPTZ NOT NULL CHECK (isfinite(bound_at))
+);
+
+CREATE TABLE fences (
+    owner TEXT   NOT NULL PRIMARY KEY CHECK (owner <> ''),
+    token BIGINT NOT NULL
 );
