@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Uninstalls student-controller in the order that leaves nothing stuck, on the cluster
-# that kubectl reaches (KUBECONFIG, the current context):
+# that kubectl reaches (KUBECONFIG, the current context), touching only what the
+# installation manages:
 #
-#   hack/uninstall.sh kustomize [DIR]          # what `kubectl apply -k DIR` installed (config/default)
-#   hack/uninstall.sh helm RELEASE NAMESPACE   # a Helm release (HELM names the helm binary)
+#   hack/uninstall.sh [--yes] kustomize [DIR]          # what `kubectl apply -k DIR` installed (config/default)
+#   hack/uninstall.sh [--yes] helm RELEASE NAMESPACE   # a Helm release (HELM names the helm binary)
 #
-# 1. Every Student is deleted while the controller still runs: it deletes each row of a
-#    Student with deletionPolicy Delete and releases (keeps, no longer owned) each row of
-#    one with Orphan, then lets the Student go. Set deletionPolicy: Orphan first on the
-#    Students whose rows you want kept.
-# 2. The CRD is deleted: nothing is left in it, so it goes at once, and no Student can be
-#    made meanwhile.
+# It first shows the context and API server it will act on and which Students it will
+# delete, and asks; --yes (or UNINSTALL_YES=1) skips the question.
+#
+# 1. The Students the installation's controller manages are deleted while it still
+#    runs: those of its --namespace when it has one, else every Student. It deletes each
+#    row of a Student with deletionPolicy Delete and releases (keeps, no longer owned)
+#    each row of one with Orphan, then lets the Student go. Set deletionPolicy: Orphan
+#    first on the Students whose rows you want kept.
+# 2. The CRD is deleted only when no Student is left in the cluster: another
+#    installation's Students keep it.
 # 3. The controller and the rest are deleted.
 #
 # Deleting everything at once (kubectl delete -k) can remove the controller before its
@@ -22,32 +27,77 @@ set -o errexit -o nounset -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CRD="students.bolingcavalry.k8s.io"
 TIMEOUT="${UNINSTALL_TIMEOUT:-5m}"
+yes="${UNINSTALL_YES:-}"
 
 usage() {
-	echo "usage: $0 kustomize [DIR] | $0 helm RELEASE NAMESPACE" >&2
+	echo "usage: $0 [--yes] kustomize [DIR] | $0 [--yes] helm RELEASE NAMESPACE" >&2
 	exit 2
 }
+if [[ "${1:-}" == "--yes" ]]; then
+	yes=1
+	shift
+fi
 mode="${1:-}"
 case "${mode}" in
-kustomize) dir="${2:-${ROOT}/config/default}" ;;
+kustomize)
+	dir="${2:-${ROOT}/config/default}"
+	manifests="$(kubectl kustomize "${dir}")"
+	;;
 helm)
 	[[ $# -eq 3 ]] || usage
 	release="$2" namespace="$3"
+	manifests="$("${HELM:-helm}" get manifest "${release}" --namespace "${namespace}")"
 	;;
 *) usage ;;
 esac
 
+# The namespace the installation's controller watches, from its manifests: the value of
+# its --namespace flag, or every namespace.
+scope="$(grep -oE -- '- "?--namespace[= ][^" ]+' <<<"${manifests}" | head -n1 | sed -E 's/^- "?--namespace[= ]//' || true)"
+if [[ -n "${scope}" ]]; then
+	where=(--namespace "${scope}")
+	what="the Students of namespace ${scope}, which this installation's controller watches"
+else
+	where=(--all-namespaces)
+	what="every Student in the cluster (this installation's controller watches every namespace)"
+fi
+
+context="$(kubectl config current-context 2>/dev/null || echo '(none)')"
+server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}' 2>/dev/null || echo '(unknown)')"
+count=0
 if kubectl get crd "${CRD}" >/dev/null 2>&1; then
-	echo "uninstall: deleting every Student; the controller deletes or releases each row, per its deletionPolicy"
-	if ! kubectl delete "${CRD}" --all --all-namespaces --wait --timeout="${TIMEOUT}"; then
+	count="$(kubectl get "${CRD}" "${where[@]}" -o name | wc -l | tr -d ' ')"
+fi
+echo "uninstall: context ${context}, API server ${server}"
+echo "uninstall: will delete ${what}: ${count} now, then the ${mode} installation"
+if [[ -z "${yes}" ]]; then
+	if [[ ! -t 0 ]]; then
+		echo "uninstall: not a terminal, and --yes not given: nothing done" >&2
+		exit 2
+	fi
+	read -r -p "Go ahead? [y/N] " answer
+	[[ "${answer}" == y || "${answer}" == Y || "${answer}" == yes ]] || {
+		echo "uninstall: nothing done"
+		exit 1
+	}
+fi
+
+if kubectl get crd "${CRD}" >/dev/null 2>&1; then
+	echo "uninstall: deleting ${what}; the controller deletes or releases each row, per its deletionPolicy"
+	if ! kubectl delete "${CRD}" --all "${where[@]}" --wait --timeout="${TIMEOUT}"; then
 		echo >&2
 		echo "uninstall: Students are still Terminating after ${TIMEOUT}: they wait for the controller" >&2
 		echo "to deal with their rows. Is it running? If it is gone, run it again (README, Uninstalling)," >&2
 		echo "then run this again. Nothing else was deleted." >&2
 		exit 1
 	fi
-	echo "uninstall: deleting the CRD ${CRD}"
-	kubectl delete crd "${CRD}" --wait --timeout="${TIMEOUT}"
+	left="$(kubectl get "${CRD}" --all-namespaces -o name | wc -l | tr -d ' ')"
+	if [[ "${left}" -eq 0 ]]; then
+		echo "uninstall: deleting the CRD ${CRD}"
+		kubectl delete crd "${CRD}" --wait --timeout="${TIMEOUT}"
+	else
+		echo "uninstall: ${left} Students of other installations remain: the CRD ${CRD} stays"
+	fi
 fi
 
 case "${mode}" in

@@ -64,10 +64,16 @@ func (u *uninstallCluster) populate(t *testing.T) {
 	}
 }
 
-// uninstall runs hack/uninstall.sh on the cluster: kustomize, or helm RELEASE NAMESPACE.
+// uninstall runs hack/uninstall.sh --yes on the cluster: kustomize, or helm RELEASE
+// NAMESPACE.
 func (u *uninstallCluster) uninstall(timeout string, how ...string) (string, error) {
 	if len(how) == 0 {
 		how = []string{"kustomize"}
+	}
+	if how[0] != "--ask" {
+		how = append([]string{"--yes"}, how...)
+	} else {
+		how = how[1:]
 	}
 	cmd := exec.Command(filepath.Join(u.cp.Root, "hack", "uninstall.sh"), how...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+u.cp.Kubeconfig, "UNINSTALL_TIMEOUT="+timeout,
@@ -121,6 +127,12 @@ func TestUninstall(t *testing.T) {
 		u := newUninstallCluster(t)
 		ctrl := startProcess(t, "controller", u.args...)
 		u.populate(t)
+		// Without --yes and no terminal to ask on, nothing is done; the plan is shown.
+		out, err := u.uninstall("2m", "--ask", "kustomize")
+		if err == nil || !strings.Contains(out, "API server https://127.0.0.1:") || !strings.Contains(out, "every Student in the cluster (") ||
+			!strings.Contains(out, "nothing done") {
+			t.Errorf("hack/uninstall.sh without --yes: %v, want the context, the plan and a refusal:\n%s", err, out)
+		}
 		if out, err := u.uninstall("2m"); err != nil {
 			t.Fatalf("hack/uninstall.sh: %v\n%s", err, out)
 		}
@@ -147,6 +159,38 @@ func TestUninstall(t *testing.T) {
 		u.assertNothingLeft(t)
 		if _, err := u.kube.AppsV1().Deployments("student-controller-system").Get(context.Background(), "student-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("the release's Deployment after the uninstall: %v", err)
+		}
+	})
+
+	// Two releases, each watching a namespace of its own, with owners of their own:
+	// uninstalling one deletes its Students only, and the CRD stays for the other's.
+	t.Run("one of two releases", func(t *testing.T) {
+		u := newUninstallCluster(t)
+		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
+		for _, team := range []string{"a", "b"} {
+			install := exec.Command(helmBin, "install", "team-"+team, filepath.Join(u.cp.Root, "charts", "student-controller"),
+				"--namespace", "controllers-"+team, "--create-namespace", "--set", "admissionPolicy.enabled=false",
+				"--set", "registry.owner=team-"+team, "--set", "extraArgs={--namespace=school-"+team+"}", "--kubeconfig", u.cp.Kubeconfig)
+			if out, err := install.CombinedOutput(); err != nil {
+				t.Fatalf("helm install: %v\n%s", err, out)
+			}
+			startProcess(t, "controller-"+team, "--kubeconfig", u.cp.Kubeconfig, "--registry", "sqlite://"+u.registry,
+				"--registry-owner", "team-"+team, "--namespace", "school-"+team)
+		}
+		u.populate(t)
+		out, err := u.uninstall("2m", "helm", "team-a", "controllers-a")
+		if err != nil {
+			t.Fatalf("hack/uninstall.sh helm team-a: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "the Students of namespace school-a") || !strings.Contains(out, "the CRD "+"students.bolingcavalry.k8s.io stays") {
+			t.Errorf("hack/uninstall.sh output does not say what it did:\n%s", out)
+		}
+		ctx := context.Background()
+		for ns, want := range map[string]int{"school-a": 0, "school-b": 5} {
+			list, err := u.students.BolingcavalryV1().Students(ns).List(ctx, metav1.ListOptions{})
+			if err != nil || len(list.Items) != want {
+				t.Errorf("Students in %s after uninstalling team-a: %d, %v; want %d", ns, len(list.Items), err, want)
+			}
 		}
 	})
 
