@@ -1,0 +1,139 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/pgtest"
+)
+
+// replicatedRegistry is a PostgreSQL primary with a streaming standby, and a registry
+// URL that names both, the way a controller is pointed at a replicated database.
+type replicatedRegistry struct {
+	primary, standby *pgtest.Server
+	url              string
+}
+
+func newReplicatedRegistry(t *testing.T) *replicatedRegistry {
+	t.Helper()
+	ctx := context.Background()
+	primary, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = primary.Close() })
+	if err := primary.CreateDatabase(ctx, "registry"); err != nil {
+		t.Fatal(err)
+	}
+	standby, err := primary.StartStandby(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = standby.Close() })
+	u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", pgtest.Password),
+		Host: fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", primary.Port(), standby.Port()), Path: "/registry", RawQuery: "sslmode=disable"}
+	return &replicatedRegistry{primary: primary, standby: standby, url: u.String()}
+}
+
+// db opens server's registry database as another program would.
+func (r *replicatedRegistry) db(t *testing.T, server *pgtest.Server) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", server.URL("registry", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// waitReplicated waits until the standby holds n rows.
+func (r *replicatedRegistry) waitReplicated(t *testing.T, n int) {
+	t.Helper()
+	standby := r.db(t, r.standby)
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d rows on the standby", n), func() bool {
+		var got int
+		return standby.QueryRow(`SELECT count(*) FROM students`).Scan(&got) == nil && got == n
+	})
+}
+
+// TestPostgresFailover: the controller, given both hosts of a replicated registry,
+// goes on on the new primary after a fail-over and loses nothing: when the primary is
+// killed while Students are written and the standby promoted (rows the standby had
+// not received yet are written again by the sweep), and when the primary turns
+// read-only under the controller's open connections (SQLSTATE 25006: they are dropped,
+// rather than failing every write until their lifetime ends).
+func TestPostgresFailover(t *testing.T) {
+	start := func(t *testing.T, r *replicatedRegistry, ns string) {
+		startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+			"--registry", r.url, "--registry-owner", owner, "--sweep-interval", "2s")
+	}
+
+	t.Run("primary killed while Students are written", func(t *testing.T) {
+		ctx := context.Background()
+		ns := newNamespace(t)
+		r := newReplicatedRegistry(t)
+		start(t, r, ns)
+		createMany(t, ns, 5, "before")
+		waitAllReady(t, ns, 5, time.Minute)
+		r.waitReplicated(t, 5)
+
+		var wg sync.WaitGroup
+		errs := make(chan error, 1)
+		wg.Go(func() {
+			for i := range 30 {
+				if _, err := students(ns).Create(ctx, newStudent(fmt.Sprintf("during-%03d", i), "深圳中学", ""), metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+		time.Sleep(time.Second)
+		if err := r.primary.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.standby.Promote(ctx); err != nil {
+			t.Fatal(err)
+		}
+		promoted := time.Now()
+		wg.Wait()
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		default:
+		}
+		assertRowsMatch(t, r.db(t, r.standby), waitAllReady(t, ns, 35, 2*time.Minute))
+		t.Logf("every Student Ready %v after the standby was promoted", time.Since(promoted).Round(100*time.Millisecond))
+	})
+
+	t.Run("primary turned read-only", func(t *testing.T) {
+		ctx := context.Background()
+		ns := newNamespace(t)
+		r := newReplicatedRegistry(t)
+		start(t, r, ns)
+		createMany(t, ns, 5, "before")
+		waitAllReady(t, ns, 5, time.Minute)
+		r.waitReplicated(t, 5)
+
+		if err := r.standby.Promote(ctx); err != nil {
+			t.Fatal(err)
+		}
+		primary := r.db(t, r.primary)
+		for _, stmt := range []string{`ALTER SYSTEM SET default_transaction_read_only = on`, `SELECT pg_reload_conf()`} {
+			if _, err := primary.ExecContext(ctx, stmt); err != nil {
+				t.Fatal(err)
+			}
+		}
+		began := time.Now()
+		createMany(t, ns, 5, "after")
+		assertRowsMatch(t, r.db(t, r.standby), waitAllReady(t, ns, 10, time.Minute))
+		t.Logf("the Students created after the primary turned read-only were Ready after %v", time.Since(began).Round(100*time.Millisecond))
+	})
+}
