@@ -4,17 +4,21 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/student-controller/student-controller/internal/controlplane"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
 // TestWrongClusterDeletesNothing: rows written by a controller of one cluster; the same
@@ -304,5 +308,40 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 	assertRowsMatch(t, db, waitAllReady(t, ns, 1, time.Minute))
 	if code, _, err := get("http://" + p.probeAddr + "/readyz"); err != nil || code != 200 {
 		t.Errorf("/readyz once the registry is up: %d %v, want 200", code, err)
+	}
+}
+
+// TestAdmissionPolicyScoped: a release that watches one namespace binds its admission
+// policy to that namespace alone: a Student elsewhere gets no finalizer that no
+// controller would ever remove (it would stay Terminating, and its namespace with it).
+func TestAdmissionPolicyScoped(t *testing.T) {
+	ctx := context.Background()
+	cp := ownControlPlane(t, controlplane.Options{WithoutAdmissionPolicy: true})
+	kube := kubernetes.NewForConfigOrDie(cp.Config)
+	stus := versioned.NewForConfigOrDie(cp.Config).BolingcavalryV1()
+	install := exec.Command(filepath.Join(cp.Root, "bin", "tools", "helm"), "install", "team-a", filepath.Join(cp.Root, "charts", "student-controller"),
+		"--namespace", "controllers-a", "--create-namespace", "--set", "watchNamespace=school-a", "--kubeconfig", cp.Kubeconfig)
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	for _, ns := range []string{"school-a", "school-b"} {
+		if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A new policy takes effect within moments: Students in the watched namespace show
+	// when it has.
+	eventually(t, 30*time.Second, "the policy to put the finalizer on a Student of school-a", func(ctx context.Context) (bool, error) {
+		s, err := stus.Students("school-a").Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{GenerateName: "a-"},
+			Spec: studentv1.StudentSpec{Name: "A", School: "S"}}, metav1.CreateOptions{})
+		return err == nil && slices.Contains(s.Finalizers, "bolingcavalry.k8s.io/registry-row"), nil // errors: the CRD is new
+	})
+	s, err := stus.Students("school-b").Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Name: "b"},
+		Spec: studentv1.StudentSpec{Name: "B", School: "S"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Finalizers) != 0 {
+		t.Errorf("a Student outside the release's namespace got finalizers %v", s.Finalizers)
 	}
 }

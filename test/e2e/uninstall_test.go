@@ -170,7 +170,7 @@ func TestUninstall(t *testing.T) {
 		for _, team := range []string{"a", "b"} {
 			install := exec.Command(helmBin, "install", "team-"+team, filepath.Join(u.cp.Root, "charts", "student-controller"),
 				"--namespace", "controllers-"+team, "--create-namespace", "--set", "admissionPolicy.enabled=false",
-				"--set", "registry.owner=team-"+team, "--set", "extraArgs={--namespace=school-"+team+"}", "--kubeconfig", u.cp.Kubeconfig)
+				"--set", "registry.owner=team-"+team, "--set", "watchNamespace=school-"+team, "--kubeconfig", u.cp.Kubeconfig)
 			if out, err := install.CombinedOutput(); err != nil {
 				t.Fatalf("helm install: %v\n%s", err, out)
 			}
