@@ -693,14 +693,7 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 // shows it.
 func TestPostgresPassword(t *testing.T) {
 	ctx := context.Background()
-	server, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatalf("PostgreSQL needed: %v", err)
-	}
-	defer server.Close()
-	if err := server.CreateDatabase(ctx, "registry"); err != nil {
-		t.Fatal(err)
-	}
+	server, _ := postgresRegistry(t)
 
 	r, err := registry.Open(ctx, server.URL("registry", false), registry.Options{Password: func() (string, error) { return pgtest.Password, nil }})
 	if err != nil {
@@ -732,15 +725,16 @@ func TestPostgresPassword(t *testing.T) {
 	}
 }
 
-// TestPostgresPasswordRotation: the password is read again for each new connection,
-// so a Secret rotated under a running controller needs no restart.
-func TestPostgresPasswordRotation(t *testing.T) {
+// postgresRegistry starts a PostgreSQL server with an empty database "registry" for
+// one test, and returns it with an administrator's connection to that database.
+func postgresRegistry(t *testing.T) (*pgtest.Server, *sql.DB) {
+	t.Helper()
 	ctx := context.Background()
 	server, err := pgtest.Start(ctx)
 	if err != nil {
 		t.Fatalf("PostgreSQL needed: %v", err)
 	}
-	defer server.Close()
+	t.Cleanup(func() { _ = server.Close() })
 	if err := server.CreateDatabase(ctx, "registry"); err != nil {
 		t.Fatal(err)
 	}
@@ -748,7 +742,15 @@ func TestPostgresPasswordRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
+	t.Cleanup(func() { admin.Close() })
+	return server, admin
+}
+
+// TestPostgresPasswordRotation: the password is read again for each new connection,
+// so a Secret rotated under a running controller needs no restart.
+func TestPostgresPasswordRotation(t *testing.T) {
+	ctx := context.Background()
+	server, admin := postgresRegistry(t)
 	if _, err := admin.ExecContext(ctx, `CREATE ROLE rotated LOGIN PASSWORD 'first-password'; GRANT ALL ON SCHEMA public TO rotated`); err != nil {
 		t.Fatal(err)
 	}
@@ -778,19 +780,7 @@ func TestPostgresPasswordRotation(t *testing.T) {
 // queued behind its own request); Open fails and says why.
 func TestMigrationLockTimeout(t *testing.T) {
 	ctx := context.Background()
-	server, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatalf("PostgreSQL needed: %v", err)
-	}
-	defer server.Close()
-	if err := server.CreateDatabase(ctx, "registry"); err != nil {
-		t.Fatal(err)
-	}
-	holder, err := sql.Open("pgx", server.URL("registry", true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
+	server, holder := postgresRegistry(t)
 	conn, err := holder.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -45,12 +45,18 @@ func newReplicatedRegistry(t *testing.T) *replicatedRegistry {
 // db opens server's registry database as another program would.
 func (r *replicatedRegistry) db(t *testing.T, server *pgtest.Server) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("pgx", server.URL("registry", true))
+	return openPG(t, server, "registry")
+}
+
+// openPG opens database db of a test PostgreSQL server as its administrator.
+func openPG(t *testing.T, server *pgtest.Server, db string) *sql.DB {
+	t.Helper()
+	conn, err := sql.Open("pgx", server.URL(db, true))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { db.Close() })
-	return db
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // waitReplicated waits until the standby holds n rows.
@@ -70,19 +76,21 @@ func (r *replicatedRegistry) waitReplicated(t *testing.T, n int) {
 // read-only under the controller's open connections (SQLSTATE 25006: they are dropped,
 // rather than failing every write until their lifetime ends).
 func TestPostgresFailover(t *testing.T) {
-	start := func(t *testing.T, r *replicatedRegistry, ns string) {
+	// A controller on both hosts, and five Students written and replicated.
+	setUp := func(t *testing.T) (*replicatedRegistry, string) {
+		ns := newNamespace(t)
+		r := newReplicatedRegistry(t)
 		startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 			"--registry", r.url, "--registry-owner", owner, "--sweep-interval", "2s")
+		createMany(t, ns, 5, "before")
+		waitAllReady(t, ns, 5, time.Minute)
+		r.waitReplicated(t, 5)
+		return r, ns
 	}
 
 	t.Run("primary killed while Students are written", func(t *testing.T) {
 		ctx := context.Background()
-		ns := newNamespace(t)
-		r := newReplicatedRegistry(t)
-		start(t, r, ns)
-		createMany(t, ns, 5, "before")
-		waitAllReady(t, ns, 5, time.Minute)
-		r.waitReplicated(t, 5)
+		r, ns := setUp(t)
 
 		var wg sync.WaitGroup
 		errs := make(chan error, 1)
@@ -115,12 +123,7 @@ func TestPostgresFailover(t *testing.T) {
 
 	t.Run("primary turned read-only", func(t *testing.T) {
 		ctx := context.Background()
-		ns := newNamespace(t)
-		r := newReplicatedRegistry(t)
-		start(t, r, ns)
-		createMany(t, ns, 5, "before")
-		waitAllReady(t, ns, 5, time.Minute)
-		r.waitReplicated(t, 5)
+		r, ns := setUp(t)
 
 		if err := r.standby.Promote(ctx); err != nil {
 			t.Fatal(err)

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"database/sql"
 	"syscall"
 	"testing"
 	"time"
@@ -99,22 +98,11 @@ func TestFencedWrite(t *testing.T) {
 // waitWritesBlocked waits until n writes of the registry's students table wait on a lock.
 func waitWritesBlocked(t *testing.T, n int) {
 	t.Helper()
-	admin := pgAdmin(t)
+	admin := openPG(t, pg, "postgres")
 	waitFor(t, 30*time.Second, "registry writes waiting on the test's lock", func() bool {
 		var waiting int
 		err := admin.QueryRow(`SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO students%'`).Scan(&waiting)
 		return err == nil && waiting >= n
 	})
-}
-
-// pgAdmin is a connection to the test PostgreSQL server as its administrator.
-func pgAdmin(t *testing.T) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("pgx", pg.URL("postgres", true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
 }
