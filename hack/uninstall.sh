@@ -16,7 +16,10 @@
 #    first on the Students whose rows you want kept.
 # 2. The CRD is deleted only when no Student is left in the cluster: another
 #    installation's Students keep it.
-# 3. The controller and the rest are deleted.
+# 3. The controller and the rest are deleted, but for the registry: the SQLite file's
+#    PersistentVolumeClaim (with kustomize, its namespace too) stays, with the rows it
+#    keeps; delete it yourself once they are no longer wanted. (The chart's claim is
+#    kept by Helm: helm.sh/resource-policy: keep.)
 #
 # Deleting everything at once (kubectl delete -k) can remove the controller before its
 # Students: each keeps its finalizer, Terminating, and so do the CRD and the namespaces
@@ -53,7 +56,7 @@ esac
 
 # The namespace the installation's controller watches, from its manifests: the value of
 # its --namespace flag, or every namespace.
-scope="$(grep -oE -- '- "?--namespace[= ][^" ]+' <<<"${manifests}" | head -n1 | sed -E 's/^- "?--namespace[= ]//' || true)"
+scope="$(grep -oE -- '- "?--?namespace[= ][^" ]+' <<<"${manifests}" | head -n1 | sed -E 's/^- "?--?namespace[= ]//' || true)"
 if [[ -n "${scope}" ]]; then
 	where=(--namespace "${scope}")
 	what="the Students of namespace ${scope}, which this installation's controller watches"
@@ -62,10 +65,24 @@ else
 	what="every Student in the cluster (this installation's controller watches every namespace)"
 fi
 
+# crd_exists says whether the CRD is there; any answer but yes or NotFound stops the
+# script, so that an error is never taken for a CRD that is gone.
+crd_exists() {
+	local out
+	if out="$(kubectl get crd "${CRD}" -o name 2>&1)"; then
+		return 0
+	fi
+	if grep -q NotFound <<<"${out}"; then
+		return 1
+	fi
+	echo "uninstall: cannot tell whether the CRD ${CRD} exists: ${out}" >&2
+	exit 1
+}
+
 context="$(kubectl config current-context 2>/dev/null || echo '(none)')"
 server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}' 2>/dev/null || echo '(unknown)')"
 count=0
-if kubectl get crd "${CRD}" >/dev/null 2>&1; then
+if crd_exists; then
 	count="$(kubectl get "${CRD}" "${where[@]}" -o name | wc -l | tr -d ' ')"
 fi
 echo "uninstall: context ${context}, API server ${server}"
@@ -82,7 +99,7 @@ if [[ -z "${yes}" ]]; then
 	}
 fi
 
-if kubectl get crd "${CRD}" >/dev/null 2>&1; then
+if crd_exists; then
 	echo "uninstall: deleting ${what}; the controller deletes or releases each row, per its deletionPolicy"
 	if ! kubectl delete "${CRD}" --all "${where[@]}" --wait --timeout="${TIMEOUT}"; then
 		echo >&2
@@ -102,8 +119,13 @@ fi
 
 case "${mode}" in
 kustomize)
-	echo "uninstall: deleting what ${dir} installed"
-	kubectl delete -k "${dir}" --ignore-not-found --wait --timeout="${TIMEOUT}"
+	# Everything but the CRD (step 2 decided on it) and the registry's claim and the
+	# namespace that holds it.
+	echo "uninstall: deleting what ${dir} installed, but the CRD, the registry's PersistentVolumeClaim and its namespace"
+	awk 'BEGIN { RS = "\n---\n"; ORS = "\n---\n" } !/(^|\n)kind: (CustomResourceDefinition|PersistentVolumeClaim|Namespace)\n/' <<<"${manifests}" |
+		kubectl delete -f - --ignore-not-found --wait --timeout="${TIMEOUT}"
+	awk 'BEGIN { RS = "\n---\n" } /(^|\n)kind: PersistentVolumeClaim\n/' <<<"${manifests}" | grep -E '^  (name|namespace):' | paste -sd' ' |
+		sed -E 's/^/uninstall: kept, with the rows it holds: PersistentVolumeClaim /' || true
 	;;
 helm)
 	echo "uninstall: helm uninstall ${release}"

@@ -108,7 +108,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 func (o *options) registryPassword() func() (string, error) {
 	if file := o.passwordFile; file != "" {
 		return func() (string, error) {
-			b, err := os.ReadFile(file)
+			b, err := os.ReadFile(file) // #nosec G304 -- the file the operator names with --registry-password-file
 			if err != nil {
 				return "", fmt.Errorf("--registry-password-file: %w", err)
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -149,18 +151,17 @@ func run(ctx context.Context, opts options) error {
 	return runLeading(ctx, opts, wiring.KubeClient, wiring.Recorder, watchdog, gate, work)
 }
 
-// openRegistry opens the registry and binds the owner to this cluster. While either is
-// out of reach it retries with backoff, each attempt bounded by --sync-timeout; what
-// retrying cannot fix ends it at once: a malformed URL, the owner bound to another
-// cluster. It returns a nil registry and no error when ctx ends first.
+// openRegistry opens the registry (migrating its schema, which may take long on a big
+// table) and binds the owner to this cluster (bounded by --sync-timeout). While either
+// is out of reach it retries with backoff; what retrying cannot fix ends it at once
+// (see permanent). It returns a nil registry and no error when ctx ends first.
 func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Interface) (*registry.Registry, string, error) {
 	if err := registry.CheckURL(opts.registryURL); err != nil {
 		return nil, "", err
 	}
 	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
 	for {
-		attempt, cancel := context.WithTimeout(ctx, opts.syncTimeout)
-		reg, err := registry.Open(attempt, opts.registryURL, registry.Options{
+		reg, err := registry.Open(ctx, opts.registryURL, registry.Options{
 			Password:        opts.registryPassword(),
 			MaxOpenConns:    opts.maxOpenConns,
 			MaxIdleConns:    opts.maxIdleConns,
@@ -168,16 +169,17 @@ func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Inter
 		})
 		var cluster string
 		if err == nil {
-			cluster, err = bindCluster(attempt, kubeClient, reg, opts.owner)
+			bindCtx, cancel := context.WithTimeout(ctx, opts.syncTimeout)
+			cluster, err = bindCluster(bindCtx, kubeClient, reg, opts.owner)
+			cancel()
 			if err != nil {
 				_ = reg.Close()
 			}
 		}
-		cancel()
 		switch {
 		case err == nil:
 			return reg, cluster, nil
-		case errors.Is(err, registry.ErrOtherCluster):
+		case permanent(err):
 			return nil, "", err
 		case ctx.Err() != nil:
 			return nil, "", nil
@@ -190,6 +192,19 @@ func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Inter
 		case <-time.After(delay):
 		}
 	}
+}
+
+// permanent tells the errors of opening that no retry fixes, so the process ends and
+// says why instead of waiting unready: the owner bound to another cluster, a schema
+// newer than this program, RBAC that does not let it read the cluster's identity, a
+// server certificate that does not verify.
+func permanent(err error) bool {
+	var unknownAuthority x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrSchemaNewer) ||
+		apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) ||
+		errors.As(err, &unknownAuthority) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
 // takeFence takes the registry owner's write fence, retrying while the registry fails;
@@ -300,12 +315,12 @@ func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interfa
 		WatchDog:        watchdog,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leading context.Context) {
-				defer close(fnDone)
 				logger.Info("Became the leader", "lease", klog.KRef(ns, opts.leaderElectID), "identity", id)
 				runCtx, cancel := context.WithCancel(ctx)
 				defer cancel()
 				defer context.AfterFunc(leading, cancel)()
 				fnErr = fn(runCtx)
+				close(fnDone)
 				// fn ended on its own (fenced, the owner moved): no leader that does
 				// nothing; the Lease goes, and the process exits with fn's error.
 				stopElector()

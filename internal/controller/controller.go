@@ -43,6 +43,7 @@ type Registry interface {
 	Delete(ctx context.Context, uid, owner string) (bool, error)
 	Release(ctx context.Context, rec registry.Record) (bool, error)
 	Relinquish(ctx context.Context, uid, owner string) (registry.Outcome, error)
+	RecordPolicy(ctx context.Context, uid, owner, policy string) error
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 	Bind(ctx context.Context, owner, cluster string) (registry.Binding, error)
 }

@@ -117,8 +117,8 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
 			"more than it lets go at once (%d). A controller that watches the wrong cluster or namespaces, or a Student CRD "+
 			"deleted or not yet served, looks like this. Nothing was deleted or released; the rows stay until their "+
-			"Students are seen again. If the Students really are gone, delete the Students' rows from the registry by hand "+
-			"(or in steps the bound allows)", len(plan.Orphans), len(rows), bound)
+			"Students are seen again. If those Students really are gone, let their rows go by hand: delete the rows whose "+
+			"deletion_policy is Delete, and release the others (owner NULL, released_at now)", len(plan.Orphans), len(rows), bound)
 		logger.Error(nil, msg, "orphans", len(plan.Orphans), "rows", len(rows), "bound", bound, "students", len(students))
 		if c.cfg.SweepEventTarget != nil {
 			c.recorder.Event(c.cfg.SweepEventTarget, corev1.EventTypeWarning, EventSweepRefused, msg)

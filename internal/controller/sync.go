@@ -100,6 +100,18 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		return c.ownedElsewhere(ctx, s, fmt.Errorf("row %s: %w", row.UID, registry.ErrNotOwned))
 	}
 
+	if exists && !malformed && row.DeletionPolicy == "" {
+		// Written before rows recorded their policy: recording it is no change to the
+		// student's record (no Event, updated_at kept).
+		if err := c.mayWrite(); err != nil {
+			return err
+		}
+		if err := c.registry.RecordPolicy(ctx, want.UID, want.Owner, want.DeletionPolicy); err != nil {
+			return c.registryFailed(ctx, s, err)
+		}
+		row.DeletionPolicy = want.DeletionPolicy
+	}
+
 	action := ""
 	if !exists || malformed || !sameRow(row, want) {
 		if err := c.mayWrite(); err != nil {
@@ -247,11 +259,17 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	var done bool
 	var err error
 	action := rowDeleted
-	if s.Spec.DeletionPolicy == studentv1.DeletionPolicyOrphan {
+	switch s.Spec.DeletionPolicy {
+	case studentv1.DeletionPolicyOrphan:
 		action = rowReleased
 		done, err = c.release(ctx, s)
-	} else {
+	case "", studentv1.DeletionPolicyDelete:
 		done, err = c.registry.Delete(ctx, uid, c.cfg.Owner)
+	default:
+		// A policy the CRD refuses now, stored before it did ("orphan", "Retain"):
+		// whatever was meant, keeping the row is what can be undone.
+		action = rowReleased
+		done, err = c.release(ctx, s)
 	}
 	switch {
 	case errors.Is(err, registry.ErrStale):
@@ -298,6 +316,11 @@ func (c *Controller) release(ctx context.Context, s *studentv1.Student) (bool, e
 // Status and Events, which every tenant reads, get a fixed message; the cause (hosts,
 // users, database and file names) goes only to the controller's log, with the error.
 func (c *Controller) registryFailed(ctx context.Context, s *studentv1.Student, cause error) error {
+	if errors.Is(cause, registry.ErrFenced) {
+		// Not a registry failure: another controller writes now, and this one stops;
+		// the Student is that one's to report on.
+		return cause
+	}
 	msg := "The registry did not answer or refused the write; the controller retries (its log has the cause)"
 	if s.DeletionTimestamp != nil {
 		msg = "Waiting for the registry to let the row go; the controller retries (its log has the cause)"

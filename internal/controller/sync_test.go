@@ -132,6 +132,24 @@ func TestSync(t *testing.T) {
 			wantWrites: []string{"update students"},
 			wantRow:    rowReleased,
 		},
+		// Stored before the CRD's enum: whatever it meant, the row is kept.
+		"delete with a policy the CRD refuses now": {
+			student:    newStudent("a", withFinalizer, synced(start), deleting, func(s *studentv1.Student) { s.Spec.DeletionPolicy = "orphan" }),
+			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
+			wantRows:   map[string]row{"uid-a": {"", "张三", "深圳中学", 1, later}},
+			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantWrites: []string{"update students"},
+			wantRow:    rowReleased,
+		},
+		// Written before rows recorded their policy: the policy is filled in, and
+		// nothing else happens (no Event, no status write, updated_at kept).
+		"row without a recorded policy": {
+			student:       newStudent("a", withFinalizer, synced(start)),
+			rows:          []registry.Record{unknownPolicy(recordOf(owner, newStudent("a")))},
+			wantRows:      map[string]row{"uid-a": {owner, "张三", "深圳中学", 1, start}},
+			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantFinalizer: true,
+		},
 		"control character in the spec: refused, no row": {
 			student:    newStudent("a", func(s *studentv1.Student) { s.Spec.Name = "a\x00b" }),
 			wantErr:    "terminal",

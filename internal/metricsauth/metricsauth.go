@@ -117,14 +117,14 @@ func (f *Filter) decide(ctx context.Context, token, verb, path string) int {
 func (f *Filter) cached(key string) (int, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	d, ok := f.allowed[key]
-	if !ok {
-		d, ok = f.refused[key]
+	now := f.now()
+	// A refusal first: a caller allowed a while ago may have lost its rights since.
+	for _, cache := range []map[string]decision{f.refused, f.allowed} {
+		if d, ok := cache[key]; ok && !now.After(d.expires) {
+			return d.status, true
+		}
 	}
-	if !ok || f.now().After(d.expires) {
-		return 0, false
-	}
-	return d.status, true
+	return 0, false
 }
 
 func (f *Filter) remember(key string, status int) {

@@ -120,3 +120,32 @@ func TestBogusTokensKeepTheScraper(t *testing.T) {
 		t.Errorf("the scraper's next scrape cost %d API requests after a burst of forged tokens, want 0", *calls-before)
 	}
 }
+
+// TestRevokedCallerCachedAsRefused: a caller allowed once and refused since is cached as
+// refused, not asked about again on every scrape.
+func TestRevokedCallerCachedAsRefused(t *testing.T) {
+	client, calls := apiServer()
+	f := New(client)
+	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	f.now = func() time.Time { return now }
+	h := f.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	scrape := func() int {
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		req.Header.Set("Authorization", "Bearer reader")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	scrape()
+	key := ""
+	for k := range f.allowed {
+		key = k
+	}
+	// Allowed, expired, and the API server now refuses: remembered as refused.
+	f.allowed[key] = decision{status: http.StatusOK, expires: now.Add(-time.Second)}
+	f.refused[key] = decision{status: http.StatusForbidden, expires: now.Add(denyTTL)}
+	before := *calls
+	if code := scrape(); code != http.StatusForbidden || *calls != before {
+		t.Errorf("scrape after the refusal: %d with %d API requests, want 403 from the cache", code, *calls-before)
+	}
+}

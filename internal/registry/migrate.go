@@ -110,7 +110,7 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time, lockTim
 	}
 	for v := range applied {
 		if v > latest {
-			return fmt.Errorf("the registry's schema is at version %d, newer than this controller knows (%d): run a newer controller", v, latest)
+			return fmt.Errorf("the registry's schema is at version %d, newer than this controller knows (%d): run a newer controller: %w", v, latest, ErrSchemaNewer)
 		}
 	}
 	for _, m := range migrations {

@@ -3,7 +3,9 @@ package registry
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -30,6 +32,8 @@ var (
 	// a controller watching the wrong cluster would otherwise take every row for an
 	// orphan.
 	ErrOtherCluster = errors.New("the registry owner belongs to another cluster")
+	// ErrSchemaNewer: the registry's schema is newer than this program knows.
+	ErrSchemaNewer = errors.New("registry schema newer than this controller")
 	// ErrFenced: another controller of the same owner took the owner's write fence
 	// after this one (a new leader); the write was rolled back.
 	ErrFenced = errors.New("another controller took over this owner's writes")
@@ -102,7 +106,7 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// took 8% of the controller's CPU time with SQLite.
-	get, upsert, del, release, delPolicy, releaseAsIs, fenceCheck *sql.Stmt
+	get, upsert, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck *sql.Stmt
 	// fence is the write token this registry holds (TakeFence), for fenceOwner; 0
 	// while it holds none and writes unfenced.
 	fence      atomic.Int64
@@ -151,7 +155,8 @@ const (
 	// The last statement of a fenced write: it locks the owner's fence row (on
 	// PostgreSQL; SQLite's write lock covers the whole transaction) and finds it only
 	// while it still holds this controller's token.
-	fenceCheckSQL = `UPDATE fences SET token = token WHERE owner = $1 AND token = $2`
+	fenceCheckSQL   = `UPDATE fences SET token = token WHERE owner = $1 AND token = $2`
+	recordPolicySQL = `UPDATE students SET deletion_policy = $3 WHERE uid = $1 AND owner = $2 AND deletion_policy IS NULL`
 )
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
@@ -196,6 +201,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		{&r.delPolicy, deletePolicySQL},
 		{&r.releaseAsIs, fmt.Sprintf(releaseAsIsSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
 		{&r.fenceCheck, fenceCheckSQL},
+		{&r.recordPolicy, recordPolicySQL},
 	} {
 		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
 			return nil, errors.Join(fmt.Errorf("open registry %s: prepare statements: %w", src.display, err), r.Close())
@@ -231,7 +237,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs, r.fenceCheck} {
+	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.fenceCheck} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -478,6 +484,23 @@ func (r *Registry) Release(ctx context.Context, rec Record) (bool, error) {
 	return r.changedOrAbsent(ctx, n, rec)
 }
 
+// RecordPolicy records policy in owner's row for uid where the row records none yet
+// (it was written before rows recorded it), and changes nothing else: updated_at says
+// when the student's record last changed, and it did not.
+func (r *Registry) RecordPolicy(ctx context.Context, uid, owner, policy string) error {
+	if policyOf(policy) == "" {
+		return fmt.Errorf("record the deletion policy of row %s: %q is neither %s nor %s", uid, policy, PolicyDelete, PolicyOrphan)
+	}
+	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) error {
+		_, err := in(r.recordPolicy).ExecContext(ctx, uid, owner, policy)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record the deletion policy of row %s: %w", uid, err)
+	}
+	return nil
+}
+
 // Outcome is what Relinquish did to a row.
 type Outcome string
 
@@ -525,17 +548,38 @@ func affected(res sql.Result, err error) (int64, error) {
 	return res.RowsAffected()
 }
 
-// TakeFence takes owner's write fence for this registry: it raises the owner's token
-// in the registry and holds the new one, and from then on every write of this
+// TakeFence takes owner's write fence for this registry: it sets the owner's token in
+// the registry to a new random one and holds it, and from then on every write of this
 // registry commits only while the owner's token is still its own. A controller takes
 // it when it starts to write (as it becomes the leader): any other controller of the
 // owner that still writes, a former leader resumed from a pause, a write of it that
-// waited on a lock, is then rolled back with ErrFenced.
+// waited on a lock, is then rolled back with ErrFenced. Random rather than counted, a
+// token never comes back: not after its row was deleted, nor after an owner renamed
+// away and back.
 func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
-	var token int64
-	err := r.db.QueryRowContext(ctx, `INSERT INTO fences (owner, token) VALUES ($1, 1)
-		ON CONFLICT (owner) DO UPDATE SET token = fences.token + 1 RETURNING token`, owner).Scan(&token)
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, err
+	}
+	token := int64(binary.BigEndian.Uint64(b[:])>>1) | 1 // positive: 0 means none
+	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
+		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if r.dialect == postgres {
+		// A former leader paused inside a write holds the fence row's lock: wait for it
+		// a while, then fail and let the caller retry (the server ends such a
+		// transaction: idle_in_transaction_session_timeout).
+		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = 10000"); err != nil {
+			return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO fences (owner, token) VALUES ($1, $2)
+		ON CONFLICT (owner) DO UPDATE SET token = excluded.token`, owner, token); err != nil {
+		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
+	}
+	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
 	}
 	r.fenceOwner.Store(&owner)

@@ -56,7 +56,7 @@ func parseURL(raw string) (source, error) {
 func parseSQLite(raw string) (source, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return source{}, fmt.Errorf("registry URL %q: not a valid URL: %w", redact(raw), urlErrorCause(err))
+		return source{}, fmt.Errorf("registry URL %q: not a valid URL: %w", redact(raw), urlErrorCause(raw, err))
 	}
 	path := u.Opaque
 	if path == "" {
@@ -106,16 +106,21 @@ const defaultConnectTimeout = 5 * time.Second
 // certificate (sslmode=verify-full; plaintext only with sslmode=disable, since pgx's
 // own default, prefer, falls back to it silently), and a server that takes writes
 // (target_session_attrs=read-write: with several hosts, the primary).
+// The server also ends a session that stays idle inside a transaction for 30 s
+// (idle_in_transaction_session_timeout, in ms): a controller paused in the middle of a
+// write would otherwise hold its locks, the write fence's among them, for as long as
+// its connection lives.
 var postgresDefaults = map[string]string{
-	"connect_timeout":      fmt.Sprint(int(defaultConnectTimeout.Seconds())),
-	"sslmode":              "verify-full",
-	"target_session_attrs": "read-write",
+	"connect_timeout":                     fmt.Sprint(int(defaultConnectTimeout.Seconds())),
+	"sslmode":                             "verify-full",
+	"target_session_attrs":                "read-write",
+	"idle_in_transaction_session_timeout": "30000",
 }
 
 func parsePostgres(raw string) (source, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return source{}, fmt.Errorf("registry URL %q: not a valid URL: %w", redact(raw), urlErrorCause(err))
+		return source{}, fmt.Errorf("registry URL %q: not a valid URL: %w", redact(raw), urlErrorCause(raw, err))
 	}
 	if u.Host == "" || strings.Trim(u.Path, "/") == "" {
 		return source{}, fmt.Errorf("registry URL %q: want postgres://USER@HOST:PORT/DATABASE", redact(raw))
@@ -146,9 +151,35 @@ var keywordDSN = regexp.MustCompile(`^\s*[A-Za-z_]+\s*=`)
 // keywordPassword matches a password in keyword/value form, quoted or not.
 var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)`)
 
+// hideUserinfo hides the password of the userinfo that segment starts with (the text
+// after "://"), or, for the first segment, of an opaque "scheme:user:pass@host" form.
+func hideUserinfo(segment string, afterSlashes bool) string {
+	at := strings.LastIndex(segment, "@")
+	if at < 0 {
+		return segment
+	}
+	prefix, userinfo := "", segment[:at]
+	if !afterSlashes {
+		scheme, rest, ok := strings.Cut(userinfo, ":")
+		if !ok {
+			return segment
+		}
+		prefix, userinfo = scheme+":", rest
+	}
+	user, _, hasPass := strings.Cut(userinfo, ":")
+	if !hasPass {
+		return segment
+	}
+	return prefix + user + ":xxxxx" + segment[at:]
+}
+
 // urlErrorCause is what url.Parse found wrong, without the URL that its error quotes,
 // password and all.
-func urlErrorCause(err error) error {
+func urlErrorCause(raw string, err error) error {
+	if strings.Contains(raw, "@") {
+		// Its words may quote a part of the userinfo ("invalid port" of a password).
+		return errors.New("it does not parse (the parser's words are not shown: they may quote the password)")
+	}
 	if ue, ok := errors.AsType[*url.Error](err); ok {
 		return ue.Err
 	}
@@ -173,26 +204,17 @@ func redact(raw string) string {
 		}
 		out = u.Redacted()
 	}
-	// Userinfo after every "://".
+	// Userinfo after every "://", up to the last "@" before the next "://": a password
+	// may hold "/", "?", "#" or "@" when it is not escaped, and URL parsing then fails.
 	var b strings.Builder
-	for {
+	for first := true; ; first = false {
 		i := strings.Index(out, "://")
 		if i < 0 {
-			b.WriteString(out)
+			b.WriteString(hideUserinfo(out, !first))
 			break
 		}
-		b.WriteString(out[:i+3])
+		b.WriteString(hideUserinfo(out[:i], !first) + "://")
 		out = out[i+3:]
-		end := strings.IndexAny(out, "/?#")
-		if end < 0 {
-			end = len(out)
-		}
-		if at := strings.LastIndex(out[:end], "@"); at >= 0 {
-			if user, _, hasPass := strings.Cut(out[:at], ":"); hasPass {
-				b.WriteString(user + ":xxxxx")
-				out = out[at:]
-			}
-		}
 	}
 	out = b.String()
 	// Password parameters, wherever a "?" starts them.

@@ -35,6 +35,10 @@ func FuzzParseURL(f *testing.F) {
 		{"", "hunter2secret"},
 		{"host=db user=app password=hunter2secret dbname=students", ""},
 		{"user=app password='hunter2 secret' host=db", ""},
+		{"postgres://app:hunter2/secret@db/students", ""},
+		{"postgres://app:hunter2?sec#ret@db/students", ""},
+		{"postgres:app:hunter2secret@db/students", ""},
+		{"postgres://app:ab@cd:hunter2secret@db/x", ""},
 	} {
 		f.Add(seed.raw, seed.password)
 	}
@@ -86,12 +90,22 @@ func passwordsIn(raw string) []span {
 	var out []span
 	if i := strings.Index(raw, "://"); i >= 0 {
 		from := i + len("://")
+		// Up to the last "@" before any further "://": an unescaped password may hold
+		// "/", "?", "#" and "@".
 		authority := raw[from:]
-		if j := strings.IndexAny(authority, "/?#"); j >= 0 {
+		if j := strings.Index(authority, "://"); j >= 0 {
 			authority = authority[:j]
 		}
 		if at := strings.LastIndex(authority, "@"); at >= 0 {
 			if colon := strings.Index(authority[:at], ":"); colon >= 0 {
+				out = append(out, span{from + colon + 1, from + at})
+			}
+		}
+	} else if scheme, rest, ok := strings.Cut(raw, ":"); ok {
+		// The opaque form, scheme:user:password@host.
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if colon := strings.Index(rest[:at], ":"); colon >= 0 {
+				from := len(scheme) + 1
 				out = append(out, span{from + colon + 1, from + at})
 			}
 		}

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -32,5 +33,31 @@ func TestPostgresDefaults(t *testing.T) {
 				t.Errorf("target_session_attrs = %q, want %q", got, tc.attrs)
 			}
 		})
+	}
+}
+
+// TestRegistryURLErrorsHidePasswords: URLs that do not parse, with a password that
+// holds what ends an authority ("/", "?", "#", "@"), or in the opaque form: the error
+// never shows the password or a piece of it.
+func TestRegistryURLErrorsHidePasswords(t *testing.T) {
+	for _, raw := range []string{
+		"postgres://app:hunter2/secret@db/students",
+		"postgres://app:ab/cd@db:5432:1/x",
+		"postgres://app:hunter2?sec#ret@db/students",
+		"postgres:app:hunter2secret@db/students",
+		"postgres://app:pa@ss:word2secret@db:1:2/x",
+		"sqlite://app:hunter2/secret@host/x.db",
+	} {
+		shown := ""
+		if src, err := parseURL(raw); err != nil {
+			shown = err.Error()
+		} else {
+			shown = src.display
+		}
+		for _, piece := range []string{"hunter2", "secret", "sec#ret", "cd@", "word2"} {
+			if strings.Contains(shown, piece) {
+				t.Errorf("parseURL(%q) shows %q: %s", raw, piece, shown)
+			}
+		}
 	}
 }

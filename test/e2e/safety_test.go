@@ -24,7 +24,8 @@ import (
 // TestWrongClusterDeletesNothing: rows written by a controller of one cluster; the same
 // binary, registry and owner started against another cluster (which has the CRD and
 // none of those Students) refuses to write and says how to move the owner, and every
-// row stays. Then the explicit move lets it take the rows over.
+// row stays. After the explicit move the first cluster's controller is the one that
+// refuses.
 func TestWrongClusterDeletesNothing(t *testing.T) {
 	ns := newNamespace(t)
 	path := filepath.Join(t.TempDir(), "registry.db")
@@ -55,8 +56,7 @@ func TestWrongClusterDeletesNothing(t *testing.T) {
 		t.Errorf("the rows changed after a controller of another cluster ran:\n%s", diff)
 	}
 
-	// The explicit move: the owner now follows cluster B, whose controller lets go of
-	// rows without Students there (within the sweep's bound: 3 rows of 3 are refused).
+	// The explicit move: the owner now follows cluster B.
 	from := clusterUID(t)
 	out, err := exec.Command(controllerBinary(t), "registry", "move-cluster", "--kubeconfig", other.Kubeconfig,
 		"--registry", "sqlite://"+path, "--registry-owner", owner, "--from", from).CombinedOutput()
@@ -129,7 +129,7 @@ func testLostFinalizerKeepsOrphanRow(t *testing.T, b backend) {
 		t.Fatal(err)
 	}
 
-	c = startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: 500 * time.Millisecond})
+	startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: 500 * time.Millisecond})
 	eventually(t, 30*time.Second, "the sweep to let go of the row of the deleted Orphan Student", func(context.Context) (bool, error) {
 		return rowsOf(t, db)[string(kept.UID)].Owner == "", nil
 	})

@@ -194,6 +194,50 @@ func TestUninstall(t *testing.T) {
 		}
 	})
 
+	// The same with kustomize, one installation patched to watch school-a: the CRD stays
+	// for school-b's Students (config/default holds the CRD, and deleting it would take
+	// every Student with it), and so does the registry's claim with its rows.
+	t.Run("kustomize, one namespace", func(t *testing.T) {
+		u := newUninstallCluster(t)
+		overlay := t.TempDir()
+		base, err := filepath.Rel(overlay, filepath.Join(u.cp.Root, "config", "default"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources: [`+base+`]
+patches:
+  - target: {kind: Deployment, name: student-controller}
+    patch: '[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--namespace=school-a"}]'
+`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("kubectl", "--kubeconfig", u.cp.Kubeconfig, "apply", "-k", overlay).CombinedOutput(); err != nil {
+			t.Fatalf("kubectl apply -k: %v\n%s", err, out)
+		}
+		for _, team := range []string{"a", "b"} {
+			startProcess(t, "controller-"+team, "--kubeconfig", u.cp.Kubeconfig, "--registry", "sqlite://"+u.registry,
+				"--registry-owner", "team-"+team, "--namespace", "school-"+team)
+		}
+		u.populate(t)
+		out, err := u.uninstall("2m", "kustomize", overlay)
+		if err != nil {
+			t.Fatalf("hack/uninstall.sh kustomize: %v\n%s", err, out)
+		}
+		ctx := context.Background()
+		for ns, want := range map[string]int{"school-a": 0, "school-b": 5} {
+			list, err := u.students.BolingcavalryV1().Students(ns).List(ctx, metav1.ListOptions{})
+			if err != nil || len(list.Items) != want {
+				t.Errorf("Students in %s after the uninstall: %d, %v; want %d\n%s", ns, len(list.Items), err, want, out)
+			}
+		}
+		if _, err := u.kube.CoreV1().PersistentVolumeClaims("student-controller-system").Get(ctx, "student-controller-registry", metav1.GetOptions{}); err != nil {
+			t.Errorf("the registry's claim after the uninstall: %v", err)
+		}
+		if _, err := u.kube.AppsV1().Deployments("student-controller-system").Get(ctx, "student-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the Deployment after the uninstall: %v", err)
+		}
+	})
+
 	t.Run("controller gone", func(t *testing.T) {
 		u := newUninstallCluster(t)
 		ctrl := startProcess(t, "controller", u.args...)

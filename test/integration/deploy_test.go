@@ -244,8 +244,9 @@ func TestPostgresOverlay(t *testing.T) {
 }
 
 // assertReadableAsPod writes a file as the kubelet writes a Secret's key (owned by
-// root, its group the Pod's fsGroup when it has one, with the volume's mode), and reads
-// it as the Pod's user and groups, in a process the kernel checks.
+// root, with the volume's mode; with an fsGroup, its group that and group read added,
+// as the kubelet's SetVolumeOwnership does), and reads it as the Pod's user and groups,
+// in a process the kernel checks.
 func assertReadableAsPod(t *testing.T, pod corev1.PodSpec, secret *corev1.SecretVolumeSource) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -267,6 +268,7 @@ func assertReadableAsPod(t *testing.T, pod corev1.PodSpec, secret *corev1.Secret
 	if psc.FSGroup != nil {
 		gid = int(*psc.FSGroup)
 		groups = append(groups, uint32(*psc.FSGroup))
+		mode |= 0o440
 	}
 	dir, err := os.MkdirTemp("", "secret-volume-") // t.TempDir's parent is closed to other users
 	if err != nil {
