@@ -93,6 +93,10 @@ fuzz: controlplane ## Run one fuzz target (FUZZ, default FuzzParseURL) for FUZZT
 	if [[ -z "$$pkg" ]]; then echo "no fuzz target $(FUZZ)"; exit 2; fi; \
 	go test -run '^$$' -fuzz '^$(FUZZ)$$' -fuzztime $(FUZZTIME) -timeout 0 "$$pkg"
 
+.PHONY: bench-registry
+bench-registry: ## Time one registry row write (SQLite NORMAL and FULL, fenced or not; PostgreSQL); results in bench/results/registry-writes.txt.
+	go test -run '^$$' -bench '^BenchmarkWrite$$' -benchtime 2000x -count 5 ./internal/registry | tee bench/results/registry-writes.txt
+
 BENCH_N ?= 10000
 
 .PHONY: bench

@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -185,7 +184,7 @@ func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Inter
 			return nil, "", nil
 		}
 		delay := backoff.Step()
-		klog.FromContext(ctx).Error(err, "Registry not reachable yet; the Pod stays not ready and retries", "in", delay.Round(time.Millisecond))
+		klog.FromContext(ctx).Error(err, "Registry or cluster identity not available yet; the Pod stays not ready and retries", "in", delay.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return nil, "", nil
@@ -196,14 +195,14 @@ func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Inter
 
 // permanent tells the errors of opening that no retry fixes, so the process ends and
 // says why instead of waiting unready: the owner bound to another cluster, a schema
-// newer than this program, RBAC that does not let it read the cluster's identity, a
-// server certificate that does not verify.
+// newer than this program, a server certificate that does not verify. RBAC that does
+// not yet let it read the cluster's identity is waited for: an install applies the
+// Deployment and its bindings in no set order.
 func permanent(err error) bool {
 	var unknownAuthority x509.UnknownAuthorityError
 	var hostname x509.HostnameError
 	var invalid x509.CertificateInvalidError
 	return errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrSchemaNewer) ||
-		apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) ||
 		errors.As(err, &unknownAuthority) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 

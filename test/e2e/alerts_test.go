@@ -66,9 +66,10 @@ func TestMetricsNamedByAlertsAndDashboard(t *testing.T) {
 	}
 
 	ns := newNamespace(t)
+	leaseRBAC(t, ns)
 	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), "--registry-owner", owner,
-		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", "metrics-"+ns,
+		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", ns,
 		"--sweep-interval", "1s")
 	if _, err := students(ns).Create(context.Background(), newStudent("zhang-san", "深圳中学", ""), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

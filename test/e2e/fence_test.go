@@ -26,15 +26,15 @@ func TestFencedWrite(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	url, db := backends()[1].newRegistry(t)
-	leaseName := "student-controller-" + ns
+	leaseRBAC(t, ns)
 	args := []string{
 		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", url, "--registry-owner", owner,
-		"--leader-elect", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", leaseName,
+		"--leader-elect", "--leader-elect-namespace", ns,
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"--sync-timeout=2m", // the blocked write must outlast the takeover
 	}
-	a, _, holder := startReplicas(t, leaseName, args)
+	a, _, holder := startReplicas(t, ns, args)
 	if _, err := db.ExecContext(ctx, `
 		CREATE TABLE audit (uid TEXT, op TEXT, generation BIGINT, school TEXT);
 		CREATE FUNCTION audit_students() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -71,7 +71,7 @@ func TestFencedWrite(t *testing.T) {
 	waitWritesBlocked(t, 1)
 	a.signal(syscall.SIGSTOP)
 	defer a.signal(syscall.SIGCONT)
-	waitLeader(t, leaseName, holder)
+	waitLeader(t, ns, holder)
 	// The new leader's write of the same row: it took the fence before it synced.
 	waitWritesBlocked(t, 2)
 

@@ -18,15 +18,15 @@ import (
 func TestLeaderElection(t *testing.T) {
 	ns := newNamespace(t)
 	path := filepath.Join(t.TempDir(), "registry.db")
-	leaseName := "student-controller-" + ns
+	leaseRBAC(t, ns)
 	args := []string{
 		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://" + path, "--registry-owner", owner,
-		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", leaseName,
+		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", ns,
 	}
 	const leaseDuration = 15 * time.Second // the default
 
-	a, b, holder := startReplicas(t, leaseName, args)
+	a, b, holder := startReplicas(t, ns, args)
 
 	createMany(t, ns, 5, "s")
 	waitAllReady(t, ns, 5, time.Minute)
@@ -64,7 +64,7 @@ func TestLeaderElection(t *testing.T) {
 	if err := a.wait(30 * time.Second); err != nil {
 		t.Errorf("replica a exited with %v after SIGTERM, want 0", err)
 	}
-	waitLeader(t, leaseName, holder)
+	waitLeader(t, ns, holder)
 
 	// SIGKILL the new leader, with a fresh standby: the Lease must expire first.
 	c := startProcess(t, "replica-c", args...)
@@ -81,12 +81,13 @@ func TestLeaderElection(t *testing.T) {
 	assertRowsMatch(t, rawDB(t, path), waitAllReady(t, ns, 7, 10*time.Second))
 }
 
-// startReplicas starts replica a, waits until it leads, then starts replica b and waits
-// until it is ready as a standby; it returns them and a's identity.
-func startReplicas(t *testing.T, leaseName string, args []string) (a, b *process, holder string) {
+// startReplicas starts replica a, waits until it leads (the Lease in namespace leaseNS),
+// then starts replica b and waits until it is ready as a standby; it returns them and
+// a's identity.
+func startReplicas(t *testing.T, leaseNS string, args []string) (a, b *process, holder string) {
 	t.Helper()
 	a = startProcess(t, "replica-a", args...)
-	holder = waitLeader(t, leaseName, "")
+	holder = waitLeader(t, leaseNS, "")
 	b = startProcess(t, "replica-b", args...)
 	waitFor(t, 30*time.Second, "replica b to be ready as a standby", func() bool {
 		code, _, _ := get("http://" + b.probeAddr + "/readyz")
@@ -95,12 +96,13 @@ func startReplicas(t *testing.T, leaseName string, args []string) (a, b *process
 	return a, b, holder
 }
 
-// waitLeader waits until the Lease has a holder other than not, and returns it.
-func waitLeader(t *testing.T, name, not string) string {
+// waitLeader waits until the Lease (student-controller, in namespace ns) has a holder
+// other than not, and returns it.
+func waitLeader(t *testing.T, ns, not string) string {
 	t.Helper()
 	var holder string
 	waitFor(t, 30*time.Second, "a leader", func() bool {
-		lease, err := kubeClient().CoordinationV1().Leases(systemNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		lease, err := kubeClient().CoordinationV1().Leases(ns).Get(context.Background(), "student-controller", metav1.GetOptions{})
 		if err != nil || lease.Spec.HolderIdentity == nil {
 			return false
 		}
@@ -145,16 +147,19 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 func TestPausedLeader(t *testing.T) {
 	ns := newNamespace(t)
 	path := filepath.Join(t.TempDir(), "registry.db")
-	leaseName := "student-controller-" + ns
+	// The Lease in a namespace of its own: the elector's Events on it are not the
+	// Students' Events that the resumed leader must not write.
+	leaseNS := newNamespace(t)
+	leaseRBAC(t, leaseNS)
 	const leaseDuration = 4 * time.Second
 	args := []string{
 		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://" + path, "--registry-owner", owner,
-		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", systemNamespace, "--leader-elect-id", leaseName,
+		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", leaseNS,
 		"--leader-elect-lease-duration", leaseDuration.String(), "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"-v=7", // every request is logged before it is sent
 	}
-	a, _, holder := startReplicas(t, leaseName, args)
+	a, _, holder := startReplicas(t, leaseNS, args)
 	createMany(t, ns, 20, "s")
 	waitAllReady(t, ns, 20, time.Minute)
 
@@ -177,7 +182,7 @@ func TestPausedLeader(t *testing.T) {
 		}
 	}
 	createMany(t, ns, 10, "paused")
-	waitLeader(t, leaseName, holder)
+	waitLeader(t, leaseNS, holder)
 	items := waitAllReady(t, ns, 25, time.Minute)
 	if wait := leaseDuration + time.Second - time.Since(paused); wait > 0 {
 		time.Sleep(wait)

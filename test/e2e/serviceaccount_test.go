@@ -3,18 +3,22 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"testing"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // The controller's identity in a cluster, from config/rbac.
@@ -43,6 +47,34 @@ func installRBAC(ctx context.Context) error {
 		return fmt.Errorf("kubectl apply -k config/rbac: %v\n%s", err, out)
 	}
 	return nil
+}
+
+// leaseRBAC gives the controller's ServiceAccount config/rbac's leader election Role in
+// namespace ns too, as shipped but for the namespace, so that a test's replicas elect
+// their leader on a Lease of their own (the Role lets them use only the Lease named
+// student-controller).
+func leaseRBAC(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	var role rbacv1.Role
+	var binding rbacv1.RoleBinding
+	for file, obj := range map[string]any{"leader_election_role.yaml": &role, "leader_election_role_binding.yaml": &binding} {
+		b, err := os.ReadFile(filepath.Join(env.Root, "config", "rbac", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sigsyaml.UnmarshalStrict(b, obj); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	role.Namespace, binding.Namespace = ns, ns
+	rbac := kubeClient().RbacV1()
+	if _, err := rbac.Roles(ns).Create(ctx, &role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rbac.RoleBindings(ns).Create(ctx, &binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // serviceAccountIdentity creates the ServiceAccount if needed and returns credentials

@@ -45,6 +45,11 @@ func FuzzValidateSpec(f *testing.F) {
 		{"\u180e", "school", "", false},       // Mongolian vowel separator, no longer a space
 		{"e\u0301", "school", "", false},      // combining mark
 		{"\x00", "school", "", false},
+		{"a\x00b", "school", "", false}, // NUL inside: PostgreSQL cannot store it
+		{"a", "sch\x00ool", "", false},
+		{"a\nb", "school", "", false}, // C0 controls: refused
+		{"a", "x\x1fy", "", false},
+		{"a\u0080b", "school", "", false}, // C1: not [[:cntrl:]], taken by both
 		{"a\x7fb", "school", "", false},
 		{"\xff\xfe", "school", "", false}, // not UTF-8: encoding/json sends U+FFFD
 		{`\ud800`, "school", "", true},    // a lone surrogate, escaped

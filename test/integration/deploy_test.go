@@ -158,9 +158,12 @@ func TestDeploymentShape(t *testing.T) {
 			t.Errorf("ClusterRole student-controller: %s = %q, want %q", k, got[k], v)
 		}
 	}
-	if len(roles) != 1 || roles[0].Namespace != "student-controller-system" || len(roles[0].Rules) != 1 ||
-		roles[0].Rules[0].Resources[0] != "leases" {
-		t.Errorf("want one Role, for leases in student-controller-system; got %+v", roles)
+	// The Lease: created by any name (RBAC cannot limit create by name), read and
+	// renewed only by its own.
+	if len(roles) != 1 || roles[0].Namespace != "student-controller-system" || len(roles[0].Rules) != 2 ||
+		strings.Join(roles[0].Rules[0].Verbs, ",") != "create" ||
+		strings.Join(roles[0].Rules[1].ResourceNames, ",") != "student-controller" || strings.Join(roles[0].Rules[1].Verbs, ",") != "get,update" {
+		t.Errorf("want one Role, for the Lease student-controller in student-controller-system; got %+v", roles)
 	}
 }
 
