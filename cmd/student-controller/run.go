@@ -158,36 +158,49 @@ func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Inter
 	if err := registry.CheckURL(opts.registryURL); err != nil {
 		return nil, "", err
 	}
-	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
-	for {
-		reg, err := registry.Open(ctx, opts.registryURL, registry.Options{
+	var reg *registry.Registry
+	var cluster string
+	err := retry(ctx, "Registry or cluster identity not available yet; the Pod stays not ready and retries", permanent, func() error {
+		r, err := registry.Open(ctx, opts.registryURL, registry.Options{
 			Password:        opts.registryPassword(),
 			MaxOpenConns:    opts.maxOpenConns,
 			MaxIdleConns:    opts.maxIdleConns,
 			ConnMaxLifetime: opts.connMaxLifetime,
 		})
-		var cluster string
-		if err == nil {
-			bindCtx, cancel := context.WithTimeout(ctx, opts.syncTimeout)
-			cluster, err = bindCluster(bindCtx, kubeClient, reg, opts.owner)
-			cancel()
-			if err != nil {
-				_ = reg.Close()
-			}
+		if err != nil {
+			return err
 		}
+		bindCtx, cancel := context.WithTimeout(ctx, opts.syncTimeout)
+		defer cancel()
+		if cluster, err = bindCluster(bindCtx, kubeClient, r, opts.owner); err != nil {
+			return errors.Join(err, r.Close())
+		}
+		reg = r
+		return nil
+	})
+	return reg, cluster, err
+}
+
+// retry calls attempt until it succeeds, fails for good (permanent, when given), or ctx
+// ends, which is no error; between tries it logs what with the failure and waits, from
+// 1 s doubling to 30 s.
+func retry(ctx context.Context, what string, permanent func(error) bool, attempt func() error) error {
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
+	for {
+		err := attempt()
 		switch {
 		case err == nil:
-			return reg, cluster, nil
-		case permanent(err):
-			return nil, "", err
+			return nil
+		case permanent != nil && permanent(err):
+			return err
 		case ctx.Err() != nil:
-			return nil, "", nil
+			return nil
 		}
 		delay := backoff.Step()
-		klog.FromContext(ctx).Error(err, "Registry or cluster identity not available yet; the Pod stays not ready and retries", "in", delay.Round(time.Millisecond))
+		klog.FromContext(ctx).Error(err, what, "in", delay.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
-			return nil, "", nil
+			return nil
 		case <-time.After(delay):
 		}
 	}
@@ -209,22 +222,16 @@ func permanent(err error) bool {
 // takeFence takes the registry owner's write fence, retrying while the registry fails;
 // false when ctx ends first.
 func takeFence(ctx context.Context, reg *registry.Registry, owner string) bool {
-	logger := klog.FromContext(ctx)
-	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
-	for {
-		token, err := reg.TakeFence(ctx, owner)
-		if err == nil {
-			logger.Info("Took the registry owner's write fence", "owner", owner, "token", token)
-			return true
-		}
-		delay := backoff.Step()
-		logger.Error(err, "Cannot take the registry owner's write fence; retrying", "in", delay.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(delay):
-		}
+	var token int64
+	_ = retry(ctx, "Cannot take the registry owner's write fence; retrying", nil, func() (err error) {
+		token, err = reg.TakeFence(ctx, owner)
+		return err
+	})
+	if token == 0 {
+		return false
 	}
+	klog.FromContext(ctx).Info("Took the registry owner's write fence", "owner", owner, "token", token)
+	return true
 }
 
 // clusterID names the cluster a client reaches: the UID of its kube-system namespace,

@@ -6,8 +6,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -148,13 +146,12 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			errs = append(errs, err)
 			continue
 		}
+		c.observeLetGo(outcome)
 		switch outcome {
 		case registry.Deleted:
 			result.Deleted++
-			c.cfg.Metrics.observeRow(rowDeleted)
 		case registry.Released:
 			result.Released++
-			c.cfg.Metrics.observeRow(rowReleased)
 		}
 		if outcome != registry.Absent {
 			logger.V(2).Info("Sweep let go of an orphan registry row", "action", outcome, "deletionPolicy", row.DeletionPolicy,
@@ -182,14 +179,11 @@ func (c *Controller) sweepBound(rows int) int {
 // studentExists asks the API server whether the Student of a row exists: by the
 // namespace and name the row records, with the row's UID.
 func (c *Controller) studentExists(ctx context.Context, row registry.Record) (bool, error) {
-	s, err := c.client.BolingcavalryV1().Students(row.Namespace).Get(ctx, row.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
+	live, err := c.liveStudent(ctx, row.Namespace, row.Name, types.UID(row.UID))
+	if err != nil {
 		return false, fmt.Errorf("sweep: confirm that Student %s/%s is gone: %w", row.Namespace, row.Name, err)
 	}
-	return string(s.UID) == row.UID, nil
+	return live != nil, nil
 }
 
 // reportMalformed logs each unreadable row once, when a sweep first finds it.

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -158,10 +159,12 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 		if action == rowCreated {
 			// Whether the Student is gone must be known now: if it is, the retry finds
 			// no Student in the cache and leaves the row to the next sweep.
-			if gone, getErr := c.studentGone(ctx, s); gone {
+			live, getErr := c.liveStudent(ctx, s.Namespace, s.Name, s.UID)
+			if getErr != nil {
+				return errors.Join(err, fmt.Errorf("ask whether the Student is gone: %w", getErr))
+			}
+			if live == nil {
 				return c.undoStaleWrite(ctx, s)
-			} else if getErr != nil {
-				return errors.Join(err, getErr)
 			}
 		}
 		return err
@@ -189,9 +192,9 @@ func wasWritten(s *studentv1.Student) bool {
 // (nil error), one changed since is retried (errCacheBehind) once the watch brings the
 // change.
 func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (bool, error) {
-	live, err := c.client.BolingcavalryV1().Students(s.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
+	live, err := c.liveStudent(ctx, s.Namespace, s.Name, s.UID)
 	switch {
-	case apierrors.IsNotFound(err) || (err == nil && live.UID != s.UID):
+	case err == nil && live == nil:
 		klog.FromContext(ctx).V(2).Info("Row missing and the Student gone: this cache is behind, nothing to restore")
 		c.cfg.Metrics.forget(cache.MetaObjectToName(s).String())
 		return false, nil
@@ -203,16 +206,29 @@ func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (
 	return true, nil
 }
 
-// studentGone asks the API server whether s is gone (or replaced by another of its name).
-func (c *Controller) studentGone(ctx context.Context, s *studentv1.Student) (bool, error) {
-	live, err := c.client.BolingcavalryV1().Students(s.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
+// liveStudent asks the API server for the Student namespace/name of uid: nil, and no
+// error, when it is gone or another Student of that name stands in its place.
+func (c *Controller) liveStudent(ctx context.Context, namespace, name string, uid types.UID) (*studentv1.Student, error) {
+	live, err := c.client.BolingcavalryV1().Students(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return true, nil
+		return nil, nil
 	case err != nil:
-		return false, fmt.Errorf("ask whether the Student is gone: %w", err)
+		return nil, err
+	case live.UID != uid:
+		return nil, nil
 	}
-	return live.UID != s.UID, nil
+	return live, nil
+}
+
+// observeLetGo counts a row that Relinquish deleted or released.
+func (c *Controller) observeLetGo(outcome registry.Outcome) {
+	switch outcome {
+	case registry.Deleted:
+		c.cfg.Metrics.observeRow(rowDeleted)
+	case registry.Released:
+		c.cfg.Metrics.observeRow(rowReleased)
+	}
 }
 
 // undoStaleWrite lets go of the row of a Student that the API server no longer has,
@@ -230,12 +246,7 @@ func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) e
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
-	switch outcome {
-	case registry.Deleted:
-		c.cfg.Metrics.observeRow(rowDeleted)
-	case registry.Released:
-		c.cfg.Metrics.observeRow(rowReleased)
-	}
+	c.observeLetGo(outcome)
 	if outcome != registry.Absent {
 		klog.FromContext(ctx).Info("The Student was gone when its status was written: let go of the row written from a cache that was behind", "action", outcome)
 	}

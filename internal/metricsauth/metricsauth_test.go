@@ -81,19 +81,14 @@ func TestFilterCaches(t *testing.T) {
 	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 	f.now = func() time.Time { return now }
 	h := f.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
-	scrape := func() {
-		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
-		req.Header.Set("Authorization", "Bearer reader")
-		h.ServeHTTP(httptest.NewRecorder(), req)
-	}
 	for range 5 {
-		scrape()
+		scrape(h, "reader")
 	}
 	if *calls != 2 {
 		t.Errorf("5 scrapes cost %d API requests, want 2", *calls)
 	}
 	now = now.Add(allowTTL + time.Second)
-	scrape()
+	scrape(h, "reader")
 	if *calls != 4 {
 		t.Errorf("after the cache expired: %d API requests, want 4", *calls)
 	}
@@ -105,17 +100,12 @@ func TestFilterCaches(t *testing.T) {
 func TestBogusTokensKeepTheScraper(t *testing.T) {
 	client, calls := apiServer()
 	h := New(client).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
-	get := func(token string) {
-		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		h.ServeHTTP(httptest.NewRecorder(), req)
-	}
-	get("reader")
+	scrape(h, "reader")
 	for i := range 2 * maxCached {
-		get(fmt.Sprintf("forged-%d", i))
+		scrape(h, fmt.Sprintf("forged-%d", i))
 	}
 	before := *calls
-	get("reader")
+	scrape(h, "reader")
 	if *calls != before {
 		t.Errorf("the scraper's next scrape cost %d API requests after a burst of forged tokens, want 0", *calls-before)
 	}
@@ -129,14 +119,7 @@ func TestRevokedCallerCachedAsRefused(t *testing.T) {
 	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 	f.now = func() time.Time { return now }
 	h := f.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
-	scrape := func() int {
-		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
-		req.Header.Set("Authorization", "Bearer reader")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec.Code
-	}
-	scrape()
+	scrape(h, "reader")
 	key := ""
 	for k := range f.allowed {
 		key = k
@@ -145,7 +128,16 @@ func TestRevokedCallerCachedAsRefused(t *testing.T) {
 	f.allowed[key] = decision{status: http.StatusOK, expires: now.Add(-time.Second)}
 	f.refused[key] = decision{status: http.StatusForbidden, expires: now.Add(denyTTL)}
 	before := *calls
-	if code := scrape(); code != http.StatusForbidden || *calls != before {
+	if code := scrape(h, "reader"); code != http.StatusForbidden || *calls != before {
 		t.Errorf("scrape after the refusal: %d with %d API requests, want 403 from the cache", code, *calls-before)
 	}
+}
+
+// scrape sends GET /metrics with a bearer token through h and returns the status.
+func scrape(h http.Handler, token string) int {
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code
 }

@@ -25,6 +25,18 @@ type migration struct {
 	sql     string
 }
 
+// limitLockWait bounds how long tx waits for any one lock, on PostgreSQL (SQLite's
+// busy timeout does that there): past it the statement fails and the caller retries.
+func limitLockWait(ctx context.Context, tx *sql.Tx, d *dialect, wait time.Duration) error {
+	if d != postgres {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", wait.Milliseconds())); err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
+	return nil
+}
+
 func loadMigrations(d *dialect) ([]migration, error) {
 	entries, err := fs.ReadDir(migrationFiles, d.migrations)
 	if err != nil {
@@ -72,10 +84,8 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time, lockTim
 	}
 	defer func() { _ = tx.Rollback() }()
 
-	if d == postgres {
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", lockTimeout.Milliseconds())); err != nil {
-			return fmt.Errorf("set lock_timeout for migration: %w", err)
-		}
+	if err := limitLockWait(ctx, tx, d, lockTimeout); err != nil {
+		return fmt.Errorf("migration: %w", err)
 	}
 	if d.lockMigrations != "" {
 		if _, err := tx.ExecContext(ctx, d.lockMigrations); err != nil {

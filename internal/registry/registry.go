@@ -567,13 +567,11 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	if r.dialect == postgres {
-		// A former leader paused inside a write holds the fence row's lock: wait for it
-		// a while, then fail and let the caller retry (the server ends such a
-		// transaction: idle_in_transaction_session_timeout).
-		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = 10000"); err != nil {
-			return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
-		}
+	// A former leader paused inside a write holds the fence row's lock: wait for it a
+	// while, then fail and let the caller retry (the server ends such a transaction:
+	// idle_in_transaction_session_timeout).
+	if err := limitLockWait(ctx, tx, r.dialect, 10*time.Second); err != nil {
+		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO fences (owner, token) VALUES ($1, $2)
 		ON CONFLICT (owner) DO UPDATE SET token = excluded.token`, owner, token); err != nil {
