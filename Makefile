@@ -20,12 +20,14 @@ help: ## Show the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: generate
-generate: ## Regenerate deepcopy, clientset, listers, informers, apply configurations and the CRD.
+generate: ## Regenerate deepcopy, clientset, listers, informers, apply configurations, the CRD and docs/flags.md, docs/metrics.md.
 	hack/update-codegen.sh
+	UPDATE_DOCS=1 go test -count=1 -run '^Test(Flags|Metrics)Doc$$' ./cmd/student-controller
 
 .PHONY: verify
-verify: ## Fail when generated code is stale, code is unformatted or go vet complains.
+verify: ## Fail when generated code or docs are stale, code is unformatted or go vet complains.
 	hack/verify-codegen.sh
+	go test -count=1 -run '^Test(Flags|Metrics)Doc$$' ./cmd/student-controller
 	@unformatted="$$(gofmt -l $$(go list -f '{{.Dir}}' ./...))"; \
 	if [[ -n "$$unformatted" ]]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...

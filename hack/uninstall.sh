@@ -24,7 +24,7 @@
 # Deleting everything at once (kubectl delete -k) can remove the controller before its
 # Students: each keeps its finalizer, Terminating, and so do the CRD and the namespaces
 # that hold them. Step 1 fails after UNINSTALL_TIMEOUT (5m) if the controller is not
-# running; the README's "Uninstalling" says how to finish then.
+# running; docs/operating.md, "Uninstalling", says how to finish then.
 set -o errexit -o nounset -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -104,7 +104,7 @@ if crd_exists; then
 	if ! kubectl delete "${CRD}" --all "${where[@]}" --wait --timeout="${TIMEOUT}"; then
 		echo >&2
 		echo "uninstall: Students are still Terminating after ${TIMEOUT}: they wait for the controller" >&2
-		echo "to deal with their rows. Is it running? If it is gone, run it again (README, Uninstalling)," >&2
+		echo "to deal with their rows. Is it running? If it is gone, run it again (docs/operating.md, Uninstalling)," >&2
 		echo "then run this again. Nothing else was deleted." >&2
 		exit 1
 	fi

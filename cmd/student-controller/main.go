@@ -24,10 +24,9 @@ import (
 // defaultGOGC is the garbage collector's target when the environment sets no GOGC.
 // Most of the controller's heap is its cache of Students, which lives as long as they
 // do. Go's default, 100, lets the heap grow to twice what is live before it collects;
-// 50 lets it grow by half. Measured with 10000 Students (test/bench, 2026-11-29):
-// resident memory 64 -> 57 MiB; the extra GC work while they converge was within the
-// run-to-run spread of CPU time (17 to 22 s). GOGC in the environment overrides it;
-// GOMEMLIMIT, set from the container's memory limit in config/manager, applies either way.
+// 50 lets it grow by half, at a CPU cost within the run-to-run spread
+// (bench/results/tuning.md). GOGC in the environment overrides it; GOMEMLIMIT, set from
+// the container's memory limit in config/manager, applies either way.
 const defaultGOGC = 50
 
 func main() {
@@ -40,9 +39,8 @@ func main() {
 	klog.InitFlags(nil)
 	var opts options
 	opts.addFlags(flag.CommandLine)
-	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
-	if *showVersion {
+	if opts.version {
 		fmt.Println(versionString())
 		return
 	}
@@ -58,9 +56,9 @@ func main() {
 	}
 	if opts.pprofAddr == "0" {
 		// Nobody can read a heap profile, so do not sample one: the runtime keeps a
-		// record per sampled call stack, in a 1.4 MiB hash table the records spread
-		// over, for the life of the process (1.6 MiB with 10000 Students converged).
-		// Go does the same for programs that do not link the profiler.
+		// record per sampled call stack for the life of the process
+		// (bench/results/tuning.md). Go does the same for programs that do not link
+		// the profiler.
 		runtime.MemProfileRate = 0
 	}
 

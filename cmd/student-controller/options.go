@@ -46,6 +46,8 @@ type options struct {
 	metricsSecure bool
 	probeAddr     string
 	pprofAddr     string
+
+	version bool
 }
 
 func (o *options) addFlags(fs *flag.FlagSet) {
@@ -79,7 +81,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Minute, "How often every Student is synced again even without a change.")
 	fs.DurationVar(&o.syncTimeout, "sync-timeout", 30*time.Second, "Time limit of one sync; also bounds the drain on shutdown.")
 	fs.StringVar(&o.rateLimiter, "workqueue-rate-limiter", "external-io",
-		"Retry spacing: external-io (0.5 s doubling to 5 min, 50/s overall) or client-go (client-go's default: 5 ms doubling to 16 min, 10/s overall; for comparison).")
+		"Retry spacing: external-io (0.5 s doubling to 5 min, 50/s overall) or client-go (client-go's default: 5 milliseconds doubling to 16 min, 10/s overall; for comparison).")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 45*time.Second,
 		"On SIGTERM, exit after at most this long even if work is still in flight. Keep it below the Pod's terminationGracePeriodSeconds.")
 
@@ -100,6 +102,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 turns them off.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0",
 		"Address of Go's /debug/pprof/ profiling endpoints, e.g. 127.0.0.1:6060; 0 (the default) turns them off. They are not authenticated: bind them to localhost.")
+	fs.BoolVar(&o.version, "version", false, "Print the version and exit.")
 }
 
 // registryPassword reads the password from --registry-password-file, else from

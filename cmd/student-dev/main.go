@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 )
 
 func main() {

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
@@ -29,7 +30,7 @@ import (
 
 const (
 	// Finalizer holds a Student until its registry row is deleted or released.
-	Finalizer = "bolingcavalry.k8s.io/registry-row"
+	Finalizer = studentv1.FinalizerRegistryRow
 	// FieldManager names the controller's writes to the API server.
 	FieldManager = "student-controller"
 	// Name names the controller in logs, the workqueue and Events.
@@ -38,14 +39,20 @@ const (
 
 // Registry is what the controller needs of the student registry.
 type Registry interface {
-	Get(ctx context.Context, uid string) (registry.Record, error)
+	rowReader
 	Upsert(ctx context.Context, rec registry.Record) (registry.Record, error)
 	Delete(ctx context.Context, uid, owner string) (bool, error)
 	Release(ctx context.Context, rec registry.Record) (bool, error)
 	Relinquish(ctx context.Context, uid, owner string) (registry.Outcome, error)
 	RecordPolicy(ctx context.Context, uid, owner, policy string) error
-	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 	Bind(ctx context.Context, owner, cluster string) (registry.Binding, error)
+}
+
+// rowReader is what the controller reads of the registry; its writes go through
+// writes.
+type rowReader interface {
+	Get(ctx context.Context, uid string) (registry.Record, error)
+	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 }
 
 // Config tunes a Controller. Owner is required; zero values elsewhere take defaults.
@@ -93,27 +100,17 @@ var ErrNotLeading = errors.New("not the leader")
 // again: by then this replica has renewed its Lease, or stood down.
 const notLeadingRetry = time.Second
 
-// mayWrite asks Config.Leading whether this replica may write now.
-func (c *Controller) mayWrite() error {
-	if c.cfg.Leading == nil {
-		return nil
-	}
-	if err := c.cfg.Leading(); err != nil {
-		return fmt.Errorf("%w: %v", ErrNotLeading, err)
-	}
-	return nil
-}
-
 // Controller keeps the student registry in line with the Student objects.
 type Controller struct {
-	client   versioned.Interface
-	lister   listers.StudentLister
-	synced   cache.InformerSynced
-	queue    workqueue.TypedRateLimitingInterface[string] // namespace/name keys; see enqueue
-	registry Registry
-	recorder record.EventRecorder
-	cfg      Config
-	clock    clock.PassiveClock
+	lister listers.StudentLister
+	synced cache.InformerSynced
+	queue  workqueue.TypedRateLimitingInterface[string] // namespace/name keys; see enqueue
+	// rows and getStudent read; every write goes through write.
+	rows       rowReader
+	getStudent func(ctx context.Context, namespace, name string) (*studentv1.Student, error)
+	write      *writes
+	cfg        Config
+	clock      clock.PassiveClock
 	// stop ends Run with a cause that leaves this controller nothing to do: the owner
 	// moved to another cluster, or another controller took over the owner's writes.
 	stop context.CancelCauseFunc
@@ -124,7 +121,7 @@ type Controller struct {
 }
 
 // DefaultRateLimiter spaces the retries of one Student from half a second up to five
-// minutes: the registry is external I/O, where client-go's 5 ms first retry only adds
+// minutes: the registry is external I/O, where client-go's first retry after 5 milliseconds only adds
 // load to an outage, and 16 minutes is too long to notice recovery. An overall bucket
 // caps the retry rate across all Students.
 func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
@@ -160,13 +157,15 @@ func New(ctx context.Context, client versioned.Interface, informer informers.Stu
 		reg = timedRegistry{Registry: reg, m: cfg.Metrics}
 	}
 	c := &Controller{
-		client:   client,
-		lister:   informer.Lister(),
-		synced:   informer.Informer().HasSynced,
-		registry: reg,
-		recorder: recorder,
-		cfg:      cfg,
-		clock:    cfg.Clock,
+		lister: informer.Lister(),
+		synced: informer.Informer().HasSynced,
+		rows:   reg,
+		getStudent: func(ctx context.Context, namespace, name string) (*studentv1.Student, error) {
+			return client.BolingcavalryV1().Students(namespace).Get(ctx, name, metav1.GetOptions{})
+		},
+		write: &writes{registry: reg, client: client, recorder: recorder, leading: cfg.Leading},
+		cfg:   cfg,
+		clock: cfg.Clock,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter,
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: Name}),
 	}
@@ -187,8 +186,8 @@ func New(ctx context.Context, client versioned.Interface, informer informers.Stu
 
 // enqueue adds the key of a Student, or of the tombstone of a deleted one. Keys are
 // namespace/name strings rather than cache.ObjectName: the workqueue's maps grow to the
-// largest backlog and Go maps never shrink, and a string key is half the size (after
-// 10000 queued Students, 1.3 MiB stays allocated instead of 2.1).
+// largest backlog and Go maps never shrink, and a string key is about half the size
+// (bench/results/tuning.md).
 //
 // Only a Student, or the tombstone of one, has a key here: a tombstone's key names the
 // Student that was deleted, whatever its last known state inside. Anything else is
@@ -308,7 +307,8 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SyncTimeout)
 	defer cancel()
 	started := time.Now()
-	err := c.mayWrite()
+	// Refused before it reads anything: a replica that may not write has nothing to do.
+	err := c.write.allowed()
 	if err == nil {
 		err = c.sync(syncCtx, key)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/student-controller/student-controller/internal/registry"
-	"github.com/student-controller/student-controller/internal/registrytest"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 

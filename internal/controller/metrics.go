@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/student-controller/student-controller/internal/registry"
 )
@@ -55,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_registry_operation_duration_seconds",
-			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, list) and result (ok, not_found, not_owned, malformed, error).",
+			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, relinquish, record_policy, bind, list) and result (ok, not_found, not_owned, malformed, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
 		rowsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -203,79 +202,30 @@ func (t timedRegistry) Release(ctx context.Context, rec registry.Record) (bool, 
 	return done, err
 }
 
+func (t timedRegistry) Relinquish(ctx context.Context, uid, owner string) (registry.Outcome, error) {
+	start := time.Now()
+	outcome, err := t.Registry.Relinquish(ctx, uid, owner)
+	t.observe("relinquish", start, err)
+	return outcome, err
+}
+
+func (t timedRegistry) RecordPolicy(ctx context.Context, uid, owner, policy string) error {
+	start := time.Now()
+	err := t.Registry.RecordPolicy(ctx, uid, owner, policy)
+	t.observe("record_policy", start, err)
+	return err
+}
+
+func (t timedRegistry) Bind(ctx context.Context, owner, cluster string) (registry.Binding, error) {
+	start := time.Now()
+	b, err := t.Registry.Bind(ctx, owner, cluster)
+	t.observe("bind", start, err)
+	return b, err
+}
+
 func (t timedRegistry) List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error) {
 	start := time.Now()
 	rows, malformed, err := t.Registry.List(ctx, owner)
 	t.observe("list", start, err)
 	return rows, malformed, err
-}
-
-// WorkqueueMetricsProvider exposes client-go's workqueue metrics (depth, adds,
-// latency, work duration, retries, ...) as Prometheus metrics, labelled by queue name.
-// Install it once per process with workqueue.SetProvider, before creating queues.
-type WorkqueueMetricsProvider struct {
-	adds, retries                   *prometheus.CounterVec
-	depthGauge, unfinished, longest *prometheus.GaugeVec
-	queueDuration, workDuration     *prometheus.HistogramVec
-}
-
-// NewWorkqueueMetricsProvider creates the workqueue metrics and registers them with reg.
-func NewWorkqueueMetricsProvider(reg prometheus.Registerer) *WorkqueueMetricsProvider {
-	labels := []string{"name"}
-	p := &WorkqueueMetricsProvider{
-		depthGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "workqueue_depth", Help: "Current depth of the workqueue.",
-		}, labels),
-		adds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "workqueue_adds_total", Help: "Total number of adds handled by the workqueue.",
-		}, labels),
-		queueDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "workqueue_queue_duration_seconds", Help: "How long an item stays in the workqueue before being requested.",
-			Buckets: prometheus.ExponentialBuckets(1e-6, 10, 10),
-		}, labels),
-		workDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "workqueue_work_duration_seconds", Help: "How long processing an item from the workqueue takes.",
-			Buckets: prometheus.ExponentialBuckets(1e-6, 10, 10),
-		}, labels),
-		unfinished: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "workqueue_unfinished_work_seconds", Help: "Seconds of work in progress not yet observed by work_duration.",
-		}, labels),
-		longest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "workqueue_longest_running_processor_seconds", Help: "Seconds the longest running processor has been running.",
-		}, labels),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "workqueue_retries_total", Help: "Total number of retries handled by the workqueue.",
-		}, labels),
-	}
-	reg.MustRegister(p.depthGauge, p.adds, p.queueDuration, p.workDuration, p.unfinished, p.longest, p.retries)
-	return p
-}
-
-// NewDepthMetric and the methods below implement workqueue.MetricsProvider.
-func (p *WorkqueueMetricsProvider) NewDepthMetric(name string) workqueue.GaugeMetric {
-	return p.depthGauge.WithLabelValues(name)
-}
-
-func (p *WorkqueueMetricsProvider) NewAddsMetric(name string) workqueue.CounterMetric {
-	return p.adds.WithLabelValues(name)
-}
-
-func (p *WorkqueueMetricsProvider) NewLatencyMetric(name string) workqueue.HistogramMetric {
-	return p.queueDuration.WithLabelValues(name)
-}
-
-func (p *WorkqueueMetricsProvider) NewWorkDurationMetric(name string) workqueue.HistogramMetric {
-	return p.workDuration.WithLabelValues(name)
-}
-
-func (p *WorkqueueMetricsProvider) NewUnfinishedWorkSecondsMetric(name string) workqueue.SettableGaugeMetric {
-	return p.unfinished.WithLabelValues(name)
-}
-
-func (p *WorkqueueMetricsProvider) NewLongestRunningProcessorSecondsMetric(name string) workqueue.SettableGaugeMetric {
-	return p.longest.WithLabelValues(name)
-}
-
-func (p *WorkqueueMetricsProvider) NewRetriesMetric(name string) workqueue.CounterMetric {
-	return p.retries.WithLabelValues(name)
 }

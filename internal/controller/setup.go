@@ -86,8 +86,8 @@ func (w *Wiring) Shutdown() {
 // eventCacheSize is how many recent Events each of the event correlator's three
 // caches remembers (client-go's default is 4096). The correlator folds repeats of one
 // Event on one object; repeats come from the few objects that fail again and again,
-// and 512 remember those. At 4096 the caches hold about 5 MiB once a few thousand
-// Students have had one Event each.
+// and 512 remember those; 4096 would keep megabytes once a few thousand Students have
+// had one Event each (bench/results/tuning.md).
 const eventCacheSize = 512
 
 // NewEventRecorder starts the broadcaster that posts the controller's Events through

@@ -50,10 +50,7 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, con
 		return false, nil
 	}
 	s.Status = status
-	if err := c.mayWrite(); err != nil {
-		return false, err
-	}
-	updated, err := c.client.BolingcavalryV1().Students(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
+	updated, err := c.write.updateStatus(ctx, s)
 	if err != nil {
 		return false, fmt.Errorf("update status: %w", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -85,13 +84,13 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	logger := klog.FromContext(ctx)
 	if c.cfg.Cluster != "" {
 		// The owner may have been moved to another cluster while this one ran.
-		if _, err := c.registry.Bind(ctx, c.cfg.Owner, c.cfg.Cluster); err != nil {
+		if err := c.write.bind(ctx, c.cfg.Owner, c.cfg.Cluster); err != nil {
 			return SweepResult{}, fmt.Errorf("sweep: %w", err)
 		}
 	}
 	// Rows first, cache second: a Student deleted in between has had its row deleted by
 	// its finalizer, so a stale row read here at worst costs a delete that finds nothing.
-	rows, malformed, err := c.registry.List(ctx, c.cfg.Owner)
+	rows, malformed, err := c.rows.List(ctx, c.cfg.Owner)
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
 	}
@@ -106,10 +105,6 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		c.queue.Add(key)
 	}
 
-	if err := c.mayWrite(); err != nil {
-		// The next leader's sweep does it, or this one's once it has renewed.
-		return result, fmt.Errorf("sweep: %w", err)
-	}
 	if bound := c.sweepBound(len(rows)); len(plan.Orphans) > bound {
 		result.Refused = true
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
@@ -119,17 +114,13 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			"deletion_policy is Delete, and release the others (owner NULL, released_at now)", len(plan.Orphans), len(rows), bound)
 		logger.Error(nil, msg, "orphans", len(plan.Orphans), "rows", len(rows), "bound", bound, "students", len(students))
 		if c.cfg.SweepEventTarget != nil {
-			c.recorder.Event(c.cfg.SweepEventTarget, corev1.EventTypeWarning, EventSweepRefused, msg)
+			c.write.warn(c.cfg.SweepEventTarget, EventSweepRefused, msg)
 		}
 		return result, nil
 	}
 
 	var errs []error
 	for _, row := range plan.Orphans {
-		if err := c.mayWrite(); err != nil {
-			errs = append(errs, err)
-			break
-		}
 		// The cache may be behind the API server; a row is deleted only when the API
 		// server, asked now, has no Student of its UID.
 		live, err := c.studentExists(ctx, row)
@@ -141,7 +132,12 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			result.Live++
 			continue
 		}
-		outcome, err := c.registry.Relinquish(ctx, row.UID, c.cfg.Owner)
+		outcome, err := c.write.relinquish(ctx, row.UID, c.cfg.Owner)
+		if errors.Is(err, ErrNotLeading) {
+			// The next leader's sweep does it, or this one's once it has renewed.
+			errs = append(errs, err)
+			break
+		}
 		if err != nil && !errors.Is(err, registry.ErrNotOwned) {
 			errs = append(errs, err)
 			continue

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -57,101 +57,126 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	return c.reconcile(ctx, student)
 }
 
-// reconcile makes the registry row of a live Student match its spec, then reports.
-// A Student already in line costs no write at all.
+// reconcile brings the registry row of a live Student in line with its spec, in three
+// steps: the finalizer, the row, the report (status, and an Event for a change). A
+// Student already in line costs no write at all.
 func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) error {
-	logger := klog.FromContext(ctx)
 	s := cached.DeepCopy()
-
 	if problem := ValidateSpec(s.Spec); problem != "" {
-		changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonInvalidSpec, problem), s.Status.Registry)
-		if err != nil {
-			return err
-		}
-		if changed {
-			c.recorder.Event(s, corev1.EventTypeWarning, EventInvalidSpec, problem)
-		}
-		return terminal(fmt.Errorf("invalid spec: %s", problem))
+		return c.refuseSpec(ctx, s, problem)
 	}
-
-	if !slices.Contains(s.Finalizers, Finalizer) {
-		if err := c.mayWrite(); err != nil {
-			return err
-		}
-		s.Finalizers = append(s.Finalizers, Finalizer)
-		updated, err := c.client.BolingcavalryV1().Students(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
-		if err != nil {
-			return fmt.Errorf("add finalizer: %w", err)
-		}
-		s = updated
+	s, err := c.ensureFinalizer(ctx, s)
+	if err != nil {
+		return err
 	}
+	row, action, err := c.ensureRow(ctx, s)
+	if errors.Is(err, errStudentGone) {
+		return nil // the cache was behind: nothing to write, nothing to report on
+	}
+	if err != nil {
+		return err
+	}
+	return c.report(ctx, s, row, action)
+}
 
+// errStudentGone: the API server no longer has the Student that the cache holds.
+var errStudentGone = errors.New("the Student is gone from the API server")
+
+// refuseSpec reports a spec the registry must not take. Retrying cannot help; a change
+// to the Student brings it back.
+func (c *Controller) refuseSpec(ctx context.Context, s *studentv1.Student, problem string) error {
+	changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonInvalidSpec, problem), s.Status.Registry)
+	if err != nil {
+		return err
+	}
+	if changed {
+		c.write.warn(s, EventInvalidSpec, problem)
+	}
+	return terminal(fmt.Errorf("invalid spec: %s", problem))
+}
+
+// ensureFinalizer puts the finalizer on the Student before its row can exist, unless
+// it is there already (the admission policy adds it on create).
+func (c *Controller) ensureFinalizer(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
+	if slices.Contains(s.Finalizers, Finalizer) {
+		return s, nil
+	}
+	s.Finalizers = append(s.Finalizers, Finalizer)
+	updated, err := c.write.update(ctx, s)
+	if err != nil {
+		return nil, fmt.Errorf("add finalizer: %w", err)
+	}
+	return updated, nil
+}
+
+// ensureRow writes the Student's row when it is missing, unreadable or differs from
+// the spec, and returns the row with what was done to it ("" for nothing). A failure
+// it returns has been reported on the Student.
+func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (registry.Record, string, error) {
 	want := recordOf(c.cfg.Owner, s)
-	row, err := c.registry.Get(ctx, want.UID)
+	row, err := c.rows.Get(ctx, want.UID)
 	exists, malformed := err == nil, errors.Is(err, registry.ErrMalformed)
 	switch {
 	case errors.Is(err, registry.ErrNotFound):
 	case malformed:
 		// Another writer got past the schema: the upsert rewrites the row if it is ours.
 		exists = true
-		logger.Info("Rewriting a registry row that cannot be read", "err", err)
+		klog.FromContext(ctx).Info("Rewriting a registry row that cannot be read", "err", err)
 	case err != nil:
-		return c.registryFailed(ctx, s, err)
+		return row, "", c.registryFailed(ctx, s, err)
 	case row.Owner != c.cfg.Owner:
-		return c.ownedElsewhere(ctx, s, fmt.Errorf("row %s: %w", row.UID, registry.ErrNotOwned))
+		return row, "", c.ownedElsewhere(ctx, s, fmt.Errorf("row %s: %w", row.UID, registry.ErrNotOwned))
 	}
 
 	if exists && !malformed && row.DeletionPolicy == "" {
 		// Written before rows recorded their policy: recording it is no change to the
 		// student's record (no Event, updated_at kept).
-		if err := c.mayWrite(); err != nil {
-			return err
-		}
-		if err := c.registry.RecordPolicy(ctx, want.UID, want.Owner, want.DeletionPolicy); err != nil {
-			return c.registryFailed(ctx, s, err)
+		if err := c.write.recordPolicy(ctx, want.UID, want.Owner, want.DeletionPolicy); err != nil {
+			return row, "", c.registryFailed(ctx, s, err)
 		}
 		row.DeletionPolicy = want.DeletionPolicy
 	}
-
-	action := ""
-	if !exists || malformed || !sameRow(row, want) {
-		if err := c.mayWrite(); err != nil {
-			return err
-		}
-		if !exists && wasWritten(s) {
-			// The row went missing after it was written. Drift, or this cache is behind
-			// the API server: a replica that has just taken the lead with a watch that
-			// was cut may still hold a Student the previous leader finalized, its row
-			// deleted. Restoring that row would bring it back, at an older generation.
-			if current, err := c.confirmCurrent(ctx, s); !current {
-				return err
-			}
-		}
-		row, err = c.registry.Upsert(ctx, want)
-		if errors.Is(err, registry.ErrNotOwned) {
-			return c.ownedElsewhere(ctx, s, err)
-		}
-		if errors.Is(err, registry.ErrStale) {
-			// This cache is behind a newer writer's: nothing to write, and the watch
-			// brings the newer Student.
-			return err
-		}
-		if err != nil {
-			return c.registryFailed(ctx, s, err)
-		}
-		switch {
-		case exists:
-			action = rowUpdated
-		case wasWritten(s):
-			// Status says a row was written before: it went missing.
-			action = rowRestored
-		default:
-			action = rowCreated
-		}
-		c.cfg.Metrics.observeRow(action)
-		logger.V(2).Info("Wrote registry row", "action", action, "generation", row.Generation)
+	if exists && !malformed && sameRow(row, want) {
+		return row, "", nil
 	}
 
+	if !exists && wasWritten(s) {
+		// The row went missing after it was written. Drift, or this cache is behind
+		// the API server: a replica that has just taken the lead with a watch that
+		// was cut may still hold a Student the previous leader finalized, its row
+		// deleted. Restoring that row would bring it back, at an older generation.
+		if current, err := c.confirmCurrent(ctx, s); !current {
+			return row, "", cmp.Or(err, errStudentGone)
+		}
+	}
+	row, err = c.write.upsert(ctx, want)
+	switch {
+	case errors.Is(err, registry.ErrNotOwned):
+		return row, "", c.ownedElsewhere(ctx, s, err)
+	case errors.Is(err, registry.ErrStale), errors.Is(err, ErrNotLeading):
+		// Stale: this cache is behind a newer writer's; nothing to write, and the watch
+		// brings the newer Student.
+		return row, "", err
+	case err != nil:
+		return row, "", c.registryFailed(ctx, s, err)
+	}
+	action := rowCreated
+	switch {
+	case exists:
+		action = rowUpdated
+	case wasWritten(s):
+		// Status says a row was written before: it went missing.
+		action = rowRestored
+	}
+	c.cfg.Metrics.observeRow(action)
+	klog.FromContext(ctx).V(2).Info("Wrote registry row", "action", action, "generation", row.Generation)
+	return row, action, nil
+}
+
+// report writes the Student's status from its row, and an Event when the row was
+// changed or restored. A status write that finds the Student gone undoes the row
+// write: the cache was behind.
+func (c *Controller) report(ctx context.Context, s *studentv1.Student, row registry.Record, action string) error {
 	if _, err := c.updateStatus(ctx, s, ready(), registryStatus(row)); err != nil {
 		if apierrors.IsNotFound(err) {
 			return c.undoStaleWrite(ctx, s)
@@ -171,9 +196,9 @@ func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) e
 	}
 	switch action {
 	case rowUpdated:
-		c.recorder.Eventf(s, corev1.EventTypeNormal, EventRowUpdated, "Registry row written: %s, %s", row.StudentName, row.School)
+		c.write.event(s, corev1.EventTypeNormal, EventRowUpdated, fmt.Sprintf("Registry row written: %s, %s", row.StudentName, row.School))
 	case rowRestored:
-		c.recorder.Eventf(s, corev1.EventTypeNormal, EventRowRestored, "Registry row was missing and is written again: %s, %s", row.StudentName, row.School)
+		c.write.event(s, corev1.EventTypeNormal, EventRowRestored, fmt.Sprintf("Registry row was missing and is written again: %s, %s", row.StudentName, row.School))
 	}
 	return nil
 }
@@ -209,7 +234,7 @@ func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (
 // liveStudent asks the API server for the Student namespace/name of uid: nil, and no
 // error, when it is gone or another Student of that name stands in its place.
 func (c *Controller) liveStudent(ctx context.Context, namespace, name string, uid types.UID) (*studentv1.Student, error) {
-	live, err := c.client.BolingcavalryV1().Students(namespace).Get(ctx, name, metav1.GetOptions{})
+	live, err := c.getStudent(ctx, namespace, name)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, nil
@@ -239,10 +264,7 @@ func (c *Controller) observeLetGo(outcome registry.Outcome) {
 // sweep. The row goes per the policy it records: a Delete row is deleted, an Orphan
 // row released. A row already released is not ours and stays.
 func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
-	if err := c.mayWrite(); err != nil {
-		return err
-	}
-	outcome, err := c.registry.Relinquish(ctx, string(s.UID), c.cfg.Owner)
+	outcome, err := c.write.relinquish(ctx, string(s.UID), c.cfg.Owner)
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
@@ -264,9 +286,6 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	s := cached.DeepCopy()
 
 	uid := string(s.UID)
-	if err := c.mayWrite(); err != nil {
-		return err
-	}
 	var done bool
 	var err error
 	action := rowDeleted
@@ -275,7 +294,7 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 		action = rowReleased
 		done, err = c.release(ctx, s)
 	case "", studentv1.DeletionPolicyDelete:
-		done, err = c.registry.Delete(ctx, uid, c.cfg.Owner)
+		done, err = c.write.delete(ctx, uid, c.cfg.Owner)
 	default:
 		// A policy the CRD refuses now, stored before it did ("orphan", "Retain"):
 		// whatever was meant, keeping the row is what can be undone.
@@ -283,11 +302,11 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 		done, err = c.release(ctx, s)
 	}
 	switch {
-	case errors.Is(err, registry.ErrStale):
-		return err // as in reconcile
+	case errors.Is(err, registry.ErrStale), errors.Is(err, ErrNotLeading):
+		return err // as in ensureRow
 	case errors.Is(err, registry.ErrNotOwned):
 		// Not ours to touch: the Student may go, the row stays as its owner left it.
-		c.recorder.Eventf(s, corev1.EventTypeWarning, EventRowOwnedElsewhere, "Registry row left alone: %v", err)
+		c.write.warn(s, EventRowOwnedElsewhere, fmt.Sprintf("Registry row left alone: %v", err))
 	case err != nil:
 		return c.registryFailed(ctx, s, err)
 	case done:
@@ -296,10 +315,7 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	}
 
 	s.Finalizers = slices.DeleteFunc(s.Finalizers, func(f string) bool { return f == Finalizer })
-	if err := c.mayWrite(); err != nil {
-		return err
-	}
-	if _, err := c.client.BolingcavalryV1().Students(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := c.write.update(ctx, s); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
 	return nil
@@ -311,7 +327,7 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 func (c *Controller) release(ctx context.Context, s *studentv1.Student) (bool, error) {
 	rec := recordOf(c.cfg.Owner, s)
 	if ValidateSpec(s.Spec) != "" {
-		stored, err := c.registry.Get(ctx, rec.UID)
+		stored, err := c.rows.Get(ctx, rec.UID)
 		if errors.Is(err, registry.ErrNotFound) {
 			return false, nil
 		}
@@ -320,14 +336,14 @@ func (c *Controller) release(ctx context.Context, s *studentv1.Student) (bool, e
 		}
 		rec.StudentName, rec.School, rec.Generation = stored.StudentName, stored.School, stored.Generation
 	}
-	return c.registry.Release(ctx, rec)
+	return c.write.release(ctx, rec)
 }
 
 // registryFailed reports a registry failure on the Student and returns it for retry.
 // Status and Events, which every tenant reads, get a fixed message; the cause (hosts,
 // users, database and file names) goes only to the controller's log, with the error.
 func (c *Controller) registryFailed(ctx context.Context, s *studentv1.Student, cause error) error {
-	if errors.Is(cause, registry.ErrFenced) {
+	if errors.Is(cause, registry.ErrFenced) || errors.Is(cause, ErrNotLeading) {
 		// Not a registry failure: another controller writes now, and this one stops;
 		// the Student is that one's to report on.
 		return cause
@@ -343,7 +359,7 @@ func (c *Controller) registryFailed(ctx context.Context, s *studentv1.Student, c
 	if changed {
 		// Once per outage and Student: the retries with backoff that find status
 		// already saying so send nothing.
-		c.recorder.Event(s, corev1.EventTypeWarning, EventRegistryError, msg)
+		c.write.warn(s, EventRegistryError, msg)
 	}
 	return fmt.Errorf("registry: %w", cause)
 }
@@ -357,7 +373,7 @@ func (c *Controller) ownedElsewhere(ctx context.Context, s *studentv1.Student, c
 		return err
 	}
 	if changed {
-		c.recorder.Event(s, corev1.EventTypeWarning, EventRowOwnedElsewhere, msg)
+		c.write.warn(s, EventRowOwnedElsewhere, msg)
 	}
 	return terminal(cause)
 }

@@ -449,9 +449,6 @@ func TestRegistryErrorEventOnce(t *testing.T) {
 	}
 }
 
-// TestNotLeading: a replica that cannot know it still leads (Config.Leading refuses)
-// writes nothing, to the API or the registry, whatever the Student needs, and leaves
-// the key for later; once it may write again, the same sync does the work.
 // TestStaleCache: a replica whose cache is behind the API server (it has just taken the
 // lead with a watch that was cut) writes no row for a Student that is gone, and none
 // from a version that is not the API server's.
@@ -547,6 +544,11 @@ func TestStaleCache(t *testing.T) {
 	})
 }
 
+// TestNotLeading: a replica that cannot know it still leads (Config.Leading refuses)
+// writes nothing, to the API or the registry, whatever the Student needs, and leaves
+// the key for later; once it may write again, the same sync does the work. The syncs
+// are run directly too, past processNextWorkItem's own check, so that each write's
+// guard is what refuses.
 func TestNotLeading(t *testing.T) {
 	tests := map[string]struct {
 		student *studentv1.Student
@@ -568,7 +570,7 @@ func TestNotLeading(t *testing.T) {
 			f.clock.SetTime(start.Add(time.Minute)) // rows written now differ from start's
 			before := f.rows()
 			var leading atomic.Bool
-			f.ctrl.cfg.Leading = func() error {
+			f.ctrl.write.leading = func() error {
 				if !leading.Load() {
 					return errors.New("lease renewed 20s ago, past the renew deadline")
 				}
@@ -607,7 +609,7 @@ func TestNotLeading(t *testing.T) {
 		if _, err := f.registry.Upsert(f.ctx, recordOf(owner, newStudent("gone"))); err != nil {
 			t.Fatal(err)
 		}
-		f.ctrl.cfg.Leading = func() error { return errors.New("another replica leads") }
+		f.ctrl.write.leading = func() error { return errors.New("another replica leads") }
 		if _, err := f.ctrl.Sweep(f.ctx); !errors.Is(err, ErrNotLeading) {
 			t.Errorf("sweep while not leading: %v, want ErrNotLeading", err)
 		}
@@ -666,7 +668,7 @@ func (r failingGet) Get(context.Context, string) (registry.Record, error) {
 func TestRegistryErrorsStayInTheLog(t *testing.T) {
 	secret := `failed to connect to user=student_controller database=students host=db.internal.example: password authentication failed`
 	f := newFixture(t, newStudent("a", withFinalizer))
-	f.ctrl.registry = failingGet{Registry: f.ctrl.registry, err: errors.New(secret)}
+	f.ctrl.rows = failingGet{Registry: f.ctrl.write.registry, err: errors.New(secret)}
 	if err := f.ctrl.sync(f.ctx, "school/a"); err == nil || !strings.Contains(err.Error(), "db.internal.example") {
 		t.Errorf("sync returned %v, want the cause for the log", err)
 	}

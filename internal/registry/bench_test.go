@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/student-controller/student-controller/internal/pgtest"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 )
 
 // BenchmarkWrite is one row write, an upsert of a new row, as the controller makes one

@@ -14,7 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/student-controller/student-controller/internal/registry"
-	"github.com/student-controller/student-controller/internal/registrytest"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // rawDB connects to a registry's database as another program would.

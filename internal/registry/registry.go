@@ -105,7 +105,7 @@ type Registry struct {
 	display string
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
-	// took 8% of the controller's CPU time with SQLite.
+	// was a visible share of the controller's CPU (bench/results/tuning.md).
 	get, upsert, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck *sql.Stmt
 	// fence is the write token this registry holds (TakeFence), for fenceOwner; 0
 	// while it holds none and writes unfenced.

@@ -16,8 +16,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
-	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 )
 
 // fakeClock hands out times one second apart, so that every write's stamp differs.

@@ -26,7 +26,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/student-controller/student-controller/internal/controller"
-	"github.com/student-controller/student-controller/internal/testproc"
+	"github.com/student-controller/student-controller/internal/testenv"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
@@ -367,7 +367,7 @@ func (h *harness) start(ctx context.Context, c contender, ns, registryURL, run s
 	p := &process{done: make(chan struct{})}
 	for _, addr := range []*string{&p.metricsAddr, &p.probeAddr} {
 		var err error
-		if *addr, err = testproc.FreeAddr(); err != nil {
+		if *addr, err = testenv.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}
@@ -436,7 +436,7 @@ func (p *process) waitUntil(ctx context.Context, timeout time.Duration, cond fun
 		select {
 		case <-p.done:
 			out, _ := os.ReadFile(p.log)
-			return false, fmt.Errorf("%s exited (%v); its log %s ends:\n%s", filepath.Base(p.cmd.Path), p.cmd.ProcessState, p.log, testproc.Tail(out, 30))
+			return false, fmt.Errorf("%s exited (%v); its log %s ends:\n%s", filepath.Base(p.cmd.Path), p.cmd.ProcessState, p.log, testenv.Tail(out, 30))
 		case <-ctx.Done():
 			return false, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
@@ -491,10 +491,10 @@ func scrapeSum(addr, name string) float64 {
 	if err != nil {
 		return 0
 	}
-	return testproc.MetricSum(body, name, nil)
+	return testenv.MetricSum(body, name, nil)
 }
 
-func scrape(addr string) (string, error) { return testproc.Scrape(addr, 10*time.Second) }
+func scrape(addr string) (string, error) { return testenv.Scrape(addr, 10*time.Second) }
 
 func between(s, from, to string) string {
 	_, after, ok := strings.Cut(s, from)

@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
@@ -129,6 +129,14 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 	if err != nil {
 		return err
 	}
+	// The sweeps first: they take a minute and need no control plane, and a failure
+	// there must not cost the contenders' half hour.
+	var sweeps []sweepResult
+	if inv.only == "" {
+		if sweeps, err = measureSweeps(ctx, n, scratch); err != nil {
+			return err
+		}
+	}
 
 	say("starting the control plane (bin/k8s: etcd, kube-apiserver, kube-controller-manager)")
 	// The admission policy is installed for the contenders that ship with it, and
@@ -170,10 +178,6 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 	}
 	if inv.only != "" {
 		return nil // a partial run is not a result
-	}
-	sweeps, err := measureSweeps(ctx, n, scratch)
-	if err != nil {
-		return err
 	}
 	return writeResults(outDir, n, phase, results, sweeps, left)
 }

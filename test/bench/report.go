@@ -10,6 +10,7 @@ import (
 	"image/draw"
 	"image/png"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -22,8 +23,10 @@ import (
 )
 
 type report struct {
-	Date         string    `json:"date"`
-	Machine      string    `json:"machine"`
+	Date    string `json:"date"`
+	Machine string `json:"machine"`
+	// Build is the commit the contenders were built from (git describe --always --dirty).
+	Build        string    `json:"build,omitempty"`
 	N            int       `json:"n"`
 	PhaseTimeout string    `json:"phaseTimeout"`
 	Results      []*result `json:"results"`
@@ -54,7 +57,7 @@ func writeResults(dir string, n int, phase time.Duration, results []*result, swe
 			r.RatioToStatusFloor = r.ProjectedSeconds / f.ProjectedSeconds
 		}
 	}
-	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), N: n, PhaseTimeout: phase.String(), Results: results, Sweeps: sweeps, Skipped: left}
+	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Build: revision(), N: n, PhaseTimeout: phase.String(), Results: results, Sweeps: sweeps, Skipped: left}
 	return render(dir, rep)
 }
 
@@ -106,7 +109,13 @@ func render(dir string, rep report) error {
 	if err := os.WriteFile(filepath.Join(dir, name+".json"), js, 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, name+".md"), []byte(markdown(rep, from)), 0o644); err != nil {
+	md := markdown(rep, from)
+	// What was learned from this run beyond its figures (profiles, logs) is written by
+	// hand beside it, not compiled into the bench.
+	if _, err := os.Stat(filepath.Join(dir, name+"-notes.md")); err == nil {
+		md += fmt.Sprintf("\nWhat this run's profiles and logs showed: [%s-notes.md](%s-notes.md).\n", name, name)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".md"), []byte(md), 0o644); err != nil {
 		return err
 	}
 	if err := chart(filepath.Join(dir, name+".png"), rep); err != nil {
@@ -119,9 +128,13 @@ func render(dir string, rep report) error {
 func markdown(rep report, from *report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmark: N = %d Students\n\n", rep.N)
-	fmt.Fprintf(&b, "Run %s on %s. Each contender in turn: a fresh namespace, an empty registry, the same loader "+
+	built := ""
+	if rep.Build != "" {
+		built = ", build " + rep.Build
+	}
+	fmt.Fprintf(&b, "Run %s on %s%s. Each contender in turn: a fresh namespace, an empty registry, the same loader "+
 		"(32 goroutines, no client rate limit) and the same control plane. A phase that runs past %s is cut off; "+
-		"its converge time is then projected from the rate reached (marked *projected*).\n\n", rep.Date, rep.Machine, rep.PhaseTimeout)
+		"its converge time is then projected from the rate reached (marked *projected*).\n\n", rep.Date, rep.Machine, built, rep.PhaseTimeout)
 	b.WriteString("| contender | converge (all Ready, rows present) | × floor | × status-only floor | API requests / Student | Student writes / Student | Events / Student | CPU to converge | peak RSS | steady RSS | restart: time, writes | delete all |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Results {
@@ -230,35 +243,13 @@ func targets(rep report) string {
 		fmt.Fprintf(&b, "\nMet narrowly: steady memory is %.1f MiB under the target of %.1f MiB, less than runs of the same "+
 			"build differ by (about %.0f MiB here), so a rerun can land above it.\n", line-sc.SteadyRSSMiB, line, memorySpreadMiB)
 	}
-	b.WriteString(memoryNote)
 	b.WriteString(eventsNote)
 	return b.String()
 }
 
 const eventsNote = "\nEvents: student-controller sends none for a new Student or a deleted one, only for changes and " +
-	"trouble (README, Events), so a bulk import costs one write per Student and nothing beside it. The Events column " +
+	"trouble (docs/design.md, Events), so a bulk import costs one write per Student and nothing beside it. The Events column " +
 	"counts every Event a contender posted while converging.\n"
-
-// scaleMemoryNote is what the profile of student-controller at N=100000 showed (a
-// separate -only run with --pprof-bind-address, 2026-11-30, build fe95b24: /proc and the
-// heap profile's runtime statistics after a forced collection, held after converging).
-const scaleMemoryNote = " What the profile shows, at N = 100000 (profiles/: a separate run, held after converging, after a " +
-	"forced collection): 80.6 MB of live heap, 0.81 KiB per Student (by the sampled heap profile: the cached " +
-	"Students and their strings about three quarters, client-go's workqueue maps, sized to the burst and never " +
-	"shrunk, an eighth, the informer's map a twelfth); 100 MB of heap spans in use around it (the rest of a span " +
-	"that holds live objects stays resident); and 26 MB of free heap the runtime keeps because it is under the " +
-	"next collection's goal (118 MB at GOGC=50). That is 1.3 KiB resident per Student. Under 1 KiB needs the " +
-	"cached object smaller (a trimmed projection of the Student instead of the generated type) or less kept " +
-	"around it (a lower GOGC costs CPU); neither is in this build.\n"
-
-// scaleCPUNote is what a CPU profile of student-controller converging 100000 Students
-// showed (the same separate run, 120 s mid-converge).
-const scaleCPUNote = " What the profile shows, at N = 100000 (profiles/: a separate run, 120 s of CPU profile in the middle of " +
-	"converging): the student-controller process used 17% of one core; its syncs wait on the API server. Of its " +
-	"own CPU, decoding the watch took a quarter, status writes a sixth, SQLite a sixth (3% of one core), the " +
-	"collector a sixth. The converge pace is the API server's and etcd's, which the loader's creates share. That " +
-	"run, on an otherwise idle machine, converged in 350.8 s, under this run's floor (375.8 s); in this run, other " +
-	"work ran beside the contenders at the lowest priority, more of it during student-controller's turn.\n"
 
 func writesWithEvents(r *result) string {
 	return fmt.Sprintf("%.2f (%.2f Student writes, %.2f Events)", r.WritesPerStudent+r.EventsPerStudent, r.WritesPerStudent, r.EventsPerStudent)
@@ -323,10 +314,8 @@ func scaleTargets(rep report, from *report) string {
 	if convergeGrowth > floorConverge || deleteGrowth > floorDelete {
 		fmt.Fprintf(&b, "\nMissed: growing no faster than the floor. Against the status-only floor of the same run, "+
 			"student-controller's converge time was %.2f× at N = %d and %.2f× here, its delete-all time %.2f× and %.2f×. "+
-			"Part of the difference in growth is the smaller run: at N = %d a second or two either way moves the ratio by "+
-			"several hundredths, and there student-controller converged under its floor's time.",
+			"At N = %d a second or two either way moves the ratio by several hundredths.\n",
 			sc0.ProjectedSeconds/floor0.ProjectedSeconds, from.N, sc.ProjectedSeconds/floor.ProjectedSeconds, sc0.DeleteSeconds/floor0.DeleteSeconds, sc.DeleteSeconds/floor.DeleteSeconds, from.N)
-		b.WriteString(scaleCPUNote)
 	}
 	if perStudent > 1 || (theirs > 0 && ours > 0.2*theirs) {
 		b.WriteString("\nMissed: memory that scales.")
@@ -336,7 +325,7 @@ func scaleTargets(rep report, from *report) string {
 		if theirs > 0 && ours > 0.2*theirs {
 			fmt.Fprintf(&b, " Its growth is %.0f%% of the peer's, %.0f points over the target.", ours/theirs*100, ours/theirs*100-20)
 		}
-		b.WriteString(scaleMemoryNote)
+		b.WriteString("\n")
 	}
 
 	fmt.Fprintf(&b, "\nGrowth of every contender run at both N (the floors show what the API server and etcd do with "+
@@ -362,27 +351,9 @@ func scaleTargets(rep report, from *report) string {
 // targetN is the number of Students the targets are set for.
 const targetN = 10000
 
-// memorySpreadMiB is how much the steady memory of student-controller differed between
-// runs of one build on this machine (2026-11-29 and 11-30, N=10000).
+// memorySpreadMiB is how far under its target a steady memory counts as met narrowly:
+// about what runs of one build differ by (bench/results/tuning.md).
 const memorySpreadMiB = 2.0
-
-// memoryNote is what profiling showed student-controller's memory to be made of
-// (/proc/PID/smaps, and heap profiles from --pprof-bind-address sampled every 4 KiB,
-// N=10000, 2026-11-30).
-const memoryNote = "\nWhere student-controller's memory goes, profiled at N=10000: about 28 MiB of the resident set is the " +
-	"binary's code and read-only data (mostly the types of k8s.io/api, which every client-go program registers, and " +
-	"SQLite), the same for the peer; the rest is the Go heap and the runtime's bookkeeping for it. About 11 MiB of heap " +
-	"is live: the cached Students 5.8 MiB, the informer's map of them 0.8 MiB, client-go's workqueue 1.4 MiB (its maps " +
-	"grew to hold the 10000 keys of the first burst and Go maps do not shrink once emptied; namespace/name string " +
-	"keys keep them half the size cache.ObjectName keys would), the rest built at start. " +
-	"What keeps it down: the cache drops managedFields and shares strings many Students repeat; GOGC=50 gives the " +
-	"collector half the live heap as headroom instead of all of it; the heap profile is not sampled unless " +
-	"--pprof-bind-address is set (its records took 1.6 MiB); client-go's event correlator keeps 512 recent Events " +
-	"per cache instead of 4096 (about 5 MiB); the Student informer has no namespace index; the recorder's scheme " +
-	"holds Student and Lease, not every built-in kind; /metrics is served uncompressed (gzip kept a 1.5 MiB " +
-	"compressor between scrapes). The resident set is in effect the high-water mark of the burst: it did not shrink " +
-	"in 2.5 minutes idle after converging (the collector's forced cycle ran; what it freed stayed within what Go keeps " +
-	"for the next cycle), so it moves by a MiB or two with how the collector's cycles fell during the burst.\n"
 
 func sweepTable(rep report) string {
 	if len(rep.Sweeps) == 0 {
@@ -410,6 +381,15 @@ func methods(m map[string]float64) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// revision names the commit the contenders are built from; empty outside a git checkout.
+func revision() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }
 
 func machine() string {

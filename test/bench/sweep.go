@@ -13,8 +13,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/student-controller/student-controller/internal/controller"
-	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned/fake"
 )
@@ -92,6 +92,7 @@ func measureSweep(ctx context.Context, n int, name, url string) (sweepResult, er
 		if _, err := reg.Upsert(ctx, registry.Record{
 			UID: string(s.UID), Namespace: s.Namespace, Name: s.Name,
 			StudentName: s.Spec.Name, School: s.Spec.School, Owner: owner, Generation: s.Generation,
+			DeletionPolicy: registry.PolicyDelete, // what the controller writes for a Student without one
 		}); err != nil {
 			return err
 		}

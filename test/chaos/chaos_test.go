@@ -18,9 +18,9 @@ import (
 	"k8s.io/client-go/rest"
 	_ "modernc.org/sqlite"
 
-	"github.com/student-controller/student-controller/internal/controlplane"
-	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 

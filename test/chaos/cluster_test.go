@@ -28,8 +28,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/student-controller/student-controller/internal/controlplane"
-	"github.com/student-controller/student-controller/internal/testproc"
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 )
 
 // The controller's identity, from config/rbac.
@@ -73,7 +73,7 @@ func startCluster(ctx context.Context, root, dir string) (*cluster, error) {
 	ports := make([]int, 3)
 	for i := range ports {
 		var err error
-		if ports[i], err = testproc.FreePort(); err != nil {
+		if ports[i], err = testenv.FreePort(); err != nil {
 			return nil, err
 		}
 	}
@@ -210,7 +210,7 @@ func (c *cluster) studentWrites(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return int(testproc.MetricSum(string(body), "apiserver_request_total", func(labels string) bool {
+	return int(testenv.MetricSum(string(body), "apiserver_request_total", func(labels string) bool {
 		if !strings.Contains(labels, `group="bolingcavalry.k8s.io"`) {
 			return false
 		}
@@ -252,7 +252,7 @@ func waitHealthy(ctx context.Context, p *proc, url string) error {
 		select {
 		case <-p.running():
 			log, _ := os.ReadFile(p.log)
-			return fmt.Errorf("%s exited at start; its log %s ends:\n%s", p.name, p.log, testproc.Tail(log, 20))
+			return fmt.Errorf("%s exited at start; its log %s ends:\n%s", p.name, p.log, testenv.Tail(log, 20))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):

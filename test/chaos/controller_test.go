@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/student-controller/student-controller/internal/testproc"
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 // buildController builds the controller with the race detector into dir.
@@ -46,11 +46,11 @@ type controllers struct {
 func startControllers(bin string, n int, args, env []string, dir string) (*controllers, error) {
 	cs := &controllers{}
 	for i := range n {
-		metricsAddr, err := testproc.FreeAddr()
+		metricsAddr, err := testenv.FreeAddr()
 		if err != nil {
 			return nil, err
 		}
-		probeAddr, err := testproc.FreeAddr()
+		probeAddr, err := testenv.FreeAddr()
 		if err != nil {
 			return nil, err
 		}
@@ -110,8 +110,8 @@ const scrapeTimeout = 500 * time.Millisecond
 // leader is the replica whose metrics say it leads, or nil.
 func (cs *controllers) leader() *replica {
 	for _, r := range cs.replicas {
-		body, err := testproc.Scrape(r.metricsAddr, scrapeTimeout)
-		if err == nil && testproc.MetricSum(body, "leader_election_master_status", nil) == 1 {
+		body, err := testenv.Scrape(r.metricsAddr, scrapeTimeout)
+		if err == nil && testenv.MetricSum(body, "leader_election_master_status", nil) == 1 {
 			return r
 		}
 	}
@@ -140,8 +140,8 @@ func (cs *controllers) waitLeader(ctx context.Context, not *replica, timeout tim
 func (cs *controllers) rowWrites() map[*replica]int {
 	out := map[*replica]int{}
 	for _, r := range cs.replicas {
-		if body, err := testproc.Scrape(r.metricsAddr, scrapeTimeout); err == nil {
-			out[r] = int(testproc.MetricSum(body, "student_controller_registry_rows_written_total", nil))
+		if body, err := testenv.Scrape(r.metricsAddr, scrapeTimeout); err == nil {
+			out[r] = int(testenv.MetricSum(body, "student_controller_registry_rows_written_total", nil))
 		}
 	}
 	return out

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 )
 
 // TestVerifyCodegenCatchesStaleTypes adds a field to the API types in a copy of the

@@ -15,7 +15,7 @@ import (
 // TestAdmissionPolicy: with config/admission's policy (as the harness installs it, as
 // config/default does) a new Student costs the controller exactly one Student write, its
 // status, and one row write; without it, two Student writes (the finalizer, then status).
-// Neither path sends an Event for a new Student or a deleted one (README, Events).
+// Neither path sends an Event for a new Student or a deleted one (docs/design.md, Events).
 // Either way a user's own finalizers are kept, and Students deleted while the
 // controller is still catching up leave no row behind: with the policy at once, without
 // it once the sweep has run. (Without the policy, a delete that races the controller's

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/student-controller/student-controller/internal/controller"
-	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	studentclient "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/typed/bolingcavalry/v1"

@@ -11,7 +11,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/student-controller/student-controller/internal/pgtest"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 )
 
 // replicatedRegistry is a PostgreSQL primary with a streaming standby, and a registry

@@ -26,9 +26,9 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/student-controller/student-controller/internal/controller"
-	"github.com/student-controller/student-controller/internal/controlplane"
-	"github.com/student-controller/student-controller/internal/pgtest"
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 

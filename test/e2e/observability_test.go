@@ -16,7 +16,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/student-controller/student-controller/internal/testproc"
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 // TestReadinessAndMetrics: /readyz says not ready until the Student cache has synced
@@ -30,7 +30,7 @@ func TestReadinessAndMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pprofAddr := testproc.Addr(t)
+	pprofAddr := testenv.Addr(t)
 	p := startProcess(t, "controller", "--kubeconfig", late.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+path, "--registry-owner", owner, "--pprof-bind-address", pprofAddr)
 

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/student-controller/student-controller/internal/registry"
-	"github.com/student-controller/student-controller/internal/registrytest"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 

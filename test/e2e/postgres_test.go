@@ -12,7 +12,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/student-controller/student-controller/internal/pgtest"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 )
 
 // TestPostgresPasswordNeverShown runs the controller binary on PostgreSQL, with the

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/student-controller/student-controller/internal/testproc"
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 // process is a student-controller binary running for a test, with its own metrics and
@@ -19,7 +19,7 @@ type process struct {
 	t           *testing.T
 	name        string
 	cmd         *exec.Cmd
-	logs        *testproc.Output
+	logs        *testenv.Output
 	metricsAddr string
 	probeAddr   string
 	exited      chan struct{}
@@ -42,9 +42,9 @@ func startProcessEnv(t *testing.T, name string, env []string, args ...string) *p
 func startBinary(t *testing.T, name, bin string, env []string, args ...string) *process {
 	t.Helper()
 	p := &process{
-		t: t, name: name, logs: &testproc.Output{}, exited: make(chan struct{}),
-		metricsAddr: testproc.Addr(t),
-		probeAddr:   testproc.Addr(t),
+		t: t, name: name, logs: &testenv.Output{}, exited: make(chan struct{}),
+		metricsAddr: testenv.Addr(t),
+		probeAddr:   testenv.Addr(t),
 	}
 	args = append(args, "--metrics-bind-address", p.metricsAddr, "--health-probe-bind-address", p.probeAddr)
 	p.cmd = exec.Command(bin, args...)

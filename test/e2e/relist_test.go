@@ -22,8 +22,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/student-controller/student-controller/internal/controller"
-	"github.com/student-controller/student-controller/internal/controlplane"
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )

@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/student-controller/student-controller/internal/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 

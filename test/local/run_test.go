@@ -19,8 +19,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	_ "modernc.org/sqlite"
 
-	"github.com/student-controller/student-controller/internal/controlplane"
-	"github.com/student-controller/student-controller/internal/testproc"
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 )
 
 // TestMakeRun runs `make run`, follows the printed instructions from "another
@@ -32,7 +32,7 @@ func TestMakeRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := t.TempDir()
-	flags := fmt.Sprintf("--health-probe-bind-address=%s --metrics-bind-address=%s", testproc.Addr(t), testproc.Addr(t))
+	flags := fmt.Sprintf("--health-probe-bind-address=%s --metrics-bind-address=%s", testenv.Addr(t), testenv.Addr(t))
 	cmd := exec.Command("make", "--no-print-directory", "run", "STATE_DIR="+state, "RUN_FLAGS="+flags)
 	cmd.Dir = root
 	// A terminal's Ctrl-C signals the whole foreground process group: give make one.
@@ -47,7 +47,7 @@ func TestMakeRun(t *testing.T) {
 	}
 	pgid := cmd.Process.Pid
 	exited := make(chan error, 1)
-	transcript := &testproc.Output{}
+	transcript := &testenv.Output{}
 	lines := make(chan string, 1000)
 	go func() {
 		sc := bufio.NewScanner(io.TeeReader(out, transcript))

@@ -112,6 +112,11 @@ type RegistryStatus struct {
 	WrittenGeneration int64 `json:"writtenGeneration,omitempty"`
 }
 
+// FinalizerRegistryRow is the controller's finalizer: it holds a Student until the
+// Student's registry row is deleted or released. The admission policy of
+// config/admission adds it when a Student is created.
+const FinalizerRegistryRow = "bolingcavalry.k8s.io/registry-row"
+
 // The condition types and reasons that the controller reports on a Student.
 const (
 	// ConditionReady summarises the Student: True when its registry row matches the spec.

@@ -1,7 +1,9 @@
-// Package testproc holds what the tests that run processes (the controller, the
-// local control plane, PostgreSQL) share: addresses to give them and a place for
-// what they print.
-package testproc
+// Package testenv is the home of what only the tests, the bench and `make run` use: its
+// packages start the real control plane (controlplane), PostgreSQL (pgtest) and the
+// programs that touch a registry from outside (registrytest); this package holds what
+// they share: addresses to give processes, a place for what they print, and scrapes
+// of their metrics.
+package testenv
 
 import (
 	"bytes"

@@ -148,7 +148,7 @@ func RepoRoot() (string, error) {
 	if !ok {
 		return "", errors.New("cannot locate the controlplane source file")
 	}
-	root := filepath.Join(filepath.Dir(file), "..", "..")
+	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
 		return "", fmt.Errorf("repository root not found from %s: %w", file, err)
 	}

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/student-controller/student-controller/internal/testproc"
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 // Controllers are the kube-controller-manager controllers the local control plane
@@ -75,10 +75,10 @@ func startControllerManager(bin, kubeconfig, logDir string) (*process, error) {
 		}
 		select {
 		case <-p.exited:
-			return nil, fmt.Errorf("kube-controller-manager exited at start (%v); its log %s ends:\n%s", p.err, p.log, testproc.Tail(out, 20))
+			return nil, fmt.Errorf("kube-controller-manager exited at start (%v); its log %s ends:\n%s", p.err, p.log, testenv.Tail(out, 20))
 		case <-deadline:
 			return nil, errors.Join(fmt.Errorf("kube-controller-manager did not start %s within a minute; its log %s ends:\n%s",
-				strings.Join(Controllers, ", "), p.log, testproc.Tail(out, 20)), p.stop(10*time.Second))
+				strings.Join(Controllers, ", "), p.log, testenv.Tail(out, 20)), p.stop(10*time.Second))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
-	"github.com/student-controller/student-controller/internal/controller"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
@@ -107,7 +106,7 @@ func waitForFinalizerOnCreate(ctx context.Context, cfg *rest.Config, want bool) 
 			return false, nil
 		}
 		last = nil
-		return slices.Contains(created.Finalizers, controller.Finalizer) == want, nil
+		return slices.Contains(created.Finalizers, studentv1.FinalizerRegistryRow) == want, nil
 	})
 	if err != nil {
 		state := "added"

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/student-controller/student-controller/internal/registry"
+)
+
+// openRegistry opens the registry (migrating its schema, which may take long on a big
+// table) and binds the owner to this cluster (bounded by --sync-timeout). While either
+// is out of reach it retries with backoff; what retrying cannot fix ends it at once
+// (see permanent). It returns a nil registry and no error when ctx ends first.
+func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Interface) (*registry.Registry, string, error) {
+	if err := registry.CheckURL(opts.registryURL); err != nil {
+		return nil, "", err
+	}
+	var reg *registry.Registry
+	var cluster string
+	err := retry(ctx, "Registry or cluster identity not available yet; the Pod stays not ready and retries", permanent, func() error {
+		r, err := registry.Open(ctx, opts.registryURL, registry.Options{
+			Password:        opts.registryPassword(),
+			MaxOpenConns:    opts.maxOpenConns,
+			MaxIdleConns:    opts.maxIdleConns,
+			ConnMaxLifetime: opts.connMaxLifetime,
+		})
+		if err != nil {
+			return err
+		}
+		bindCtx, cancel := context.WithTimeout(ctx, opts.syncTimeout)
+		defer cancel()
+		if cluster, err = bindCluster(bindCtx, kubeClient, r, opts.owner); err != nil {
+			return errors.Join(err, r.Close())
+		}
+		reg = r
+		return nil
+	})
+	return reg, cluster, err
+}
+
+// retry calls attempt until it succeeds, fails for good (permanent, when given), or ctx
+// ends, which is no error; between tries it logs what with the failure and waits, from
+// 1 s doubling to 30 s.
+func retry(ctx context.Context, what string, permanent func(error) bool, attempt func() error) error {
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
+	for {
+		err := attempt()
+		switch {
+		case err == nil:
+			return nil
+		case permanent != nil && permanent(err):
+			return err
+		case ctx.Err() != nil:
+			return nil
+		}
+		delay := backoff.Step()
+		klog.FromContext(ctx).Error(err, what, "in", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+// permanent tells the errors of opening that no retry fixes, so the process ends and
+// says why instead of waiting unready: the owner bound to another cluster, a schema
+// newer than this program, a server certificate that does not verify. RBAC that does
+// not yet let it read the cluster's identity is waited for: an install applies the
+// Deployment and its bindings in no set order.
+func permanent(err error) bool {
+	var unknownAuthority x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrSchemaNewer) ||
+		errors.As(err, &unknownAuthority) || errors.As(err, &hostname) || errors.As(err, &invalid)
+}
+
+// takeFence takes the registry owner's write fence, retrying while the registry fails;
+// false when ctx ends first.
+func takeFence(ctx context.Context, reg *registry.Registry, owner string) bool {
+	var token int64
+	_ = retry(ctx, "Cannot take the registry owner's write fence; retrying", nil, func() (err error) {
+		token, err = reg.TakeFence(ctx, owner)
+		return err
+	})
+	if token == 0 {
+		return false
+	}
+	klog.FromContext(ctx).Info("Took the registry owner's write fence", "owner", owner, "token", token)
+	return true
+}
+
+// clusterID names the cluster a client reaches: the UID of its kube-system namespace,
+// which lives as long as the cluster does.
+func clusterID(ctx context.Context, client kubernetes.Interface) (string, error) {
+	ns, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("read the cluster's identity (the UID of namespace kube-system): %w", err)
+	}
+	return string(ns.UID), nil
+}
+
+// bindCluster binds the owner to this cluster in the registry on first use, and
+// refuses to go on when the registry binds it to another: a wrong kubeconfig would
+// otherwise make every row look like an orphan.
+func bindCluster(ctx context.Context, client kubernetes.Interface, reg *registry.Registry, owner string) (string, error) {
+	cluster, err := clusterID(ctx, client)
+	if err != nil {
+		return "", err
+	}
+	b, err := reg.Bind(ctx, owner, cluster)
+	if errors.Is(err, registry.ErrOtherCluster) {
+		return "", fmt.Errorf("%w. Writing nothing: check --kubeconfig and --registry. If the owner's rows really are to follow "+
+			"this cluster now (a rebuilt cluster, a registry moved), move the owner explicitly, with this kubeconfig: "+
+			"student-controller registry move-cluster --registry-owner %s --from %s (and the same --registry and --kubeconfig)",
+			err, owner, b.Cluster)
+	}
+	if err != nil {
+		return "", err
+	}
+	klog.FromContext(ctx).Info("Registry owner bound to this cluster", "owner", owner, "cluster", cluster, "since", b.BoundAt)
+	return cluster, nil
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/klog/v2"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/student-controller/student-controller/internal/metricsauth"
+)
+
+// serveMetrics serves the Prometheus registry: plain HTTP, or with --metrics-secure
+// HTTPS where the API server authenticates and authorizes each caller.
+func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *rest.Config) error {
+	mo := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure,
+		// Uncompressed: a scrape is small, and gzip would keep a compressor in memory
+		// from one scrape to the next (bench/results/tuning.md).
+		HandlerOpts: []func(*promhttp.HandlerOpts){func(o *promhttp.HandlerOpts) { o.DisableCompression = true }},
+	}
+	if opts.metricsSecure {
+		mo.FilterProvider = func(c *rest.Config, hc *http.Client) (metricsserver.Filter, error) {
+			client, err := kubernetes.NewForConfigAndClient(c, hc)
+			if err != nil {
+				return nil, err
+			}
+			filter := metricsauth.New(client)
+			return func(_ logr.Logger, h http.Handler) (http.Handler, error) { return filter.Wrap(h), nil }, nil
+		}
+	}
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return fmt.Errorf("metrics server client: %w", err)
+	}
+	srv, err := metricsserver.NewServer(mo, cfg, httpClient)
+	if err != nil {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	wg.Go(func() {
+		if err := srv.Start(ctx); err != nil {
+			utilruntime.HandleErrorWithContext(ctx, err, "Metrics server stopped")
+		}
+	})
+	return nil
+}
+
+// listenAndServe binds srv's address now, so that a taken port fails the start, and
+// serves until ctx is done.
+func listenAndServe(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, what string) error {
+	ln, err := net.Listen("tcp", srv.Addr)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	klog.FromContext(ctx).Info("Serving", "what", what, "address", ln.Addr().String())
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			utilruntime.HandleErrorWithContext(ctx, err, "Server stopped", "what", what)
+		}
+	})
+	wg.Go(func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	})
+	return nil
+}
+
+// probeHandler serves /healthz (the process works: with leader election, a leader
+// that can no longer renew its Lease is not healthy) and /readyz (the Student cache
+// has synced). Readiness does not ask the registry: during a database outage every
+// replica would be unready at once, and the PodDisruptionBudget would then block every
+// node drain; the outage shows in the Students' conditions, the metrics and alerts.
+// pprof's cmdline is not served: the command line may hold a registry URL.
+func probeHandler(synced func() bool, watchdog *leaderelection.HealthzAdaptor) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if watchdog != nil {
+			if err := watchdog.Check(r); err != nil {
+				http.Error(w, "leader election: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !synced() {
+			http.Error(w, "not ready: the Student cache has not synced", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// pprofHandler serves Go's profiles under /debug/pprof/, for --pprof-bind-address.
+func pprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}

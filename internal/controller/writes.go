@@ -1,0 +1,103 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+)
+
+// writes is the one path by which the controller changes anything: registry rows, the
+// Students (finalizer, status) and Events. Each write first asks Config.Leading
+// (guard), and the registry fences every row write itself. The
+// Controller holds no other handle that can write (it reads through rowReader and
+// getStudent), so a new write cannot skip the check; TestWritesTakeOnePath keeps it so.
+type writes struct {
+	registry Registry
+	client   versioned.Interface
+	recorder record.EventRecorder
+	// leading is Config.Leading; nil means always.
+	leading func() error
+}
+
+// allowed asks Config.Leading whether this replica may write now (ErrNotLeading if
+// not). guard asks it before every write, and processNextWorkItem before a sync starts;
+// nothing else does.
+func (w *writes) allowed() error {
+	if w.leading == nil {
+		return nil
+	}
+	if err := w.leading(); err != nil {
+		return fmt.Errorf("%w: %v", ErrNotLeading, err)
+	}
+	return nil
+}
+
+// guard runs write if this replica may write now, and returns ErrNotLeading otherwise.
+func guard[T any](w *writes, write func() (T, error)) (T, error) {
+	if err := w.allowed(); err != nil {
+		var zero T
+		return zero, err
+	}
+	return write()
+}
+
+func (w *writes) upsert(ctx context.Context, rec registry.Record) (registry.Record, error) {
+	return guard(w, func() (registry.Record, error) { return w.registry.Upsert(ctx, rec) })
+}
+
+func (w *writes) delete(ctx context.Context, uid, owner string) (bool, error) {
+	return guard(w, func() (bool, error) { return w.registry.Delete(ctx, uid, owner) })
+}
+
+func (w *writes) release(ctx context.Context, rec registry.Record) (bool, error) {
+	return guard(w, func() (bool, error) { return w.registry.Release(ctx, rec) })
+}
+
+func (w *writes) relinquish(ctx context.Context, uid, owner string) (registry.Outcome, error) {
+	return guard(w, func() (registry.Outcome, error) { return w.registry.Relinquish(ctx, uid, owner) })
+}
+
+func (w *writes) recordPolicy(ctx context.Context, uid, owner, policy string) error {
+	_, err := guard(w, func() (struct{}, error) { return struct{}{}, w.registry.RecordPolicy(ctx, uid, owner, policy) })
+	return err
+}
+
+// bind checks that the registry binds owner to cluster, binding it on first use.
+func (w *writes) bind(ctx context.Context, owner, cluster string) error {
+	_, err := guard(w, func() (registry.Binding, error) { return w.registry.Bind(ctx, owner, cluster) })
+	return err
+}
+
+// update writes a Student's metadata and spec (its finalizers).
+func (w *writes) update(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
+	return guard(w, func() (*studentv1.Student, error) {
+		return w.client.BolingcavalryV1().Students(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
+	})
+}
+
+func (w *writes) updateStatus(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
+	return guard(w, func() (*studentv1.Student, error) {
+		return w.client.BolingcavalryV1().Students(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
+	})
+}
+
+// event posts an Event on obj; a replica that may not write sends none.
+func (w *writes) event(obj runtime.Object, eventType, reason, message string) {
+	_, _ = guard(w, func() (struct{}, error) {
+		w.recorder.Event(obj, eventType, reason, message)
+		return struct{}{}, nil
+	})
+}
+
+// warn posts a Warning Event on obj.
+func (w *writes) warn(obj runtime.Object, reason, message string) {
+	w.event(obj, corev1.EventTypeWarning, reason, message)
+}
