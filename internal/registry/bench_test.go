@@ -17,11 +17,7 @@ import (
 // runs it into bench/results/registry-writes.txt.
 func BenchmarkWrite(b *testing.B) {
 	ctx := context.Background()
-	pg, err := pgtest.Start(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = pg.Close() })
+	pg := pgtest.ForTest(b)
 	databases := 0
 	for _, tc := range []struct {
 		name        string

@@ -14,34 +14,19 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
-
-// rawDB connects to a registry's database as another program would.
-func rawDB(t *testing.T, b backend, url string) *sql.DB {
-	t.Helper()
-	driver, dsn := "pgx", url
-	if b.name == "sqlite" {
-		driver, dsn = "sqlite", "file:"+strings.TrimPrefix(url, "sqlite://")+"?_pragma=busy_timeout(5000)"
-	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
 
 // testSchemaChecks: the schema refuses rows the registry could not read, and the rows
 // that got in anyway (before the checks, or past them) are left out of List, reported
 // with their uid, and rewritten, released or deleted by their owner like any other.
-func testSchemaChecks(t *testing.T, b backend) {
+func testSchemaChecks(t *testing.T, b registrytest.Backend) {
 	ctx := context.Background()
-	url := b.url(t)
+	url, db := b.New(t)
 	r := open(t, url, newFakeClock())
-	db := rawDB(t, b, url)
 
-	for what, insert := range registrytest.Refused(b.name) {
+	for what, insert := range registrytest.Refused(b.Name) {
 		if _, err := db.ExecContext(ctx, insert); err == nil {
 			t.Errorf("the schema took a row with %s: %s", what, insert)
 		}
@@ -52,7 +37,7 @@ func testSchemaChecks(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 	}
-	wrong, err := registrytest.WriteMalformed(ctx, db, b.name, "ctl")
+	wrong, err := registrytest.WriteMalformed(ctx, db, b.Name, "ctl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,9 +160,8 @@ func TestSQLiteShellReadsTimes(t *testing.T) {
 // registry written at schema version 1 and then migrated, and of rows written since.
 func TestPostgresShellReadsMigratedTimes(t *testing.T) {
 	ctx := context.Background()
-	b := postgresBackend(t)
-	url := b.url(t)
-	atSchemaOne(t, rawDB(t, b, url), "postgres", "2026-11-29 07:59:59.5+00",
+	url, db := registrytest.NewDatabase(t, pgtest.ForTest(t))
+	atSchemaOne(t, db, "postgres", "2026-11-29 07:59:59.5+00",
 		`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1, '2026-11-29 08:00:01.8+00', '2026-11-29 09:00:02+01', NULL)`)
 	r := open(t, url, newFakeClock())
 	if _, err := r.Upsert(ctx, student("u2", "ctl")); err != nil {

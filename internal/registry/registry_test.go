@@ -18,6 +18,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // fakeClock hands out times one second apart, so that every write's stamp differs.
@@ -37,84 +38,16 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
-// backend opens a fresh, empty registry of one kind; the suite runs on each.
-type backend struct {
-	name string
-	url  func(t *testing.T) string
-	// outage makes the database refuse work until the returned function is called.
-	outage func(t *testing.T, url string) (restore func())
-}
-
-func sqliteBackend() backend {
-	return backend{
-		name: "sqlite",
-		url: func(t *testing.T) string {
-			return "sqlite://" + filepath.Join(t.TempDir(), "registry.db")
-		},
-		outage: func(t *testing.T, url string) func() {
-			t.Helper()
-			// Another process holding the write lock: what a backup tool or a stuck
-			// writer does to the file.
-			db, err := sql.Open("sqlite", "file:"+url[len("sqlite://"):])
-			if err != nil {
-				t.Fatal(err)
-			}
-			conn, err := db.Conn(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := conn.ExecContext(context.Background(), "BEGIN EXCLUSIVE"); err != nil {
-				t.Fatal(err)
-			}
-			return func() {
-				_, _ = conn.ExecContext(context.Background(), "ROLLBACK")
-				conn.Close()
-				db.Close()
-			}
-		},
-	}
-}
-
-func postgresBackend(t *testing.T) backend {
+// newURL makes a fresh, empty registry of b's kind and returns its URL.
+func newURL(t *testing.T, b registrytest.Backend) string {
 	t.Helper()
-	ctx := context.Background()
-	server, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatalf("the PostgreSQL half of the registry suite cannot run: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := server.Close(); err != nil {
-			t.Errorf("stop PostgreSQL: %v", err)
-		}
-	})
-	var n atomic.Int32
-	return backend{
-		name: "postgres",
-		url: func(t *testing.T) string {
-			t.Helper()
-			name := fmt.Sprintf("registry_%d", n.Add(1))
-			if err := server.CreateDatabase(ctx, name); err != nil {
-				t.Fatal(err)
-			}
-			return server.URL(name, true)
-		},
-		outage: func(t *testing.T, _ string) func() {
-			t.Helper()
-			if err := server.Stop(ctx); err != nil {
-				t.Fatal(err)
-			}
-			return func() {
-				if err := server.Start(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
-		},
-	}
+	url, _ := b.New(t)
+	return url
 }
 
 func TestRegistry(t *testing.T) {
-	t.Run("sqlite", func(t *testing.T) { runSuite(t, sqliteBackend()) })
-	t.Run("postgres", func(t *testing.T) { runSuite(t, postgresBackend(t)) })
+	t.Run("sqlite", func(t *testing.T) { runSuite(t, registrytest.SQLiteBackend()) })
+	t.Run("postgres", func(t *testing.T) { runSuite(t, registrytest.PostgresBackend(pgtest.ForTest(t))) })
 }
 
 func open(t *testing.T, url string, clock *fakeClock) *registry.Registry {
@@ -135,12 +68,12 @@ func student(uid, owner string) registry.Record {
 }
 
 // runSuite is the registry's behaviour, the same on every backend.
-func runSuite(t *testing.T, b backend) {
+func runSuite(t *testing.T, b registrytest.Backend) {
 	ctx := context.Background()
 
 	t.Run("insert then read back", func(t *testing.T) {
 		clock := newFakeClock()
-		r := open(t, b.url(t), clock)
+		r := open(t, newURL(t, b), clock)
 		want := student("u1", "ctl")
 		stored, err := r.Upsert(ctx, want)
 		if err != nil {
@@ -164,7 +97,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("update by owner keeps created_at", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		first, err := r.Upsert(ctx, student("u1", "ctl"))
 		if err != nil {
 			t.Fatal(err)
@@ -185,7 +118,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("a row never goes back in generation", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		at := func(gen int64, school string) registry.Record {
 			rec := student("u1", "ctl")
 			rec.Generation, rec.School = gen, school
@@ -244,7 +177,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("other owners are never changed", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		theirs, err := r.Upsert(ctx, student("u1", "someone-else"))
 		if err != nil {
 			t.Fatal(err)
@@ -267,7 +200,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("delete", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
 			t.Fatal(err)
 		}
@@ -284,7 +217,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("release", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		written, err := r.Upsert(ctx, student("u1", "ctl"))
 		if err != nil {
 			t.Fatal(err)
@@ -322,7 +255,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("list by owner", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		for _, rec := range []registry.Record{student("b", "ctl"), student("a", "ctl"), student("c", "other")} {
 			if _, err := r.Upsert(ctx, rec); err != nil {
 				t.Fatal(err)
@@ -342,7 +275,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("reopen keeps rows and schema", func(t *testing.T) {
-		url := b.url(t)
+		url := newURL(t, b)
 		r := open(t, url, newFakeClock())
 		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
 			t.Fatal(err)
@@ -355,7 +288,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("concurrent writers", func(t *testing.T) {
-		url := b.url(t)
+		url := newURL(t, b)
 		// Two registries on one database, as two processes would be, each with workers.
 		regs := []*registry.Registry{open(t, url, newFakeClock()), open(t, url, newFakeClock())}
 		const perWorker = 40
@@ -400,7 +333,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("concurrent open migrates once", func(t *testing.T) {
-		url := b.url(t)
+		url := newURL(t, b)
 		var wg sync.WaitGroup
 		errs := make(chan error, 4)
 		for range 4 {
@@ -428,12 +361,12 @@ func runSuite(t *testing.T, b backend) {
 	t.Run("schema checks and malformed rows", func(t *testing.T) { testSchemaChecks(t, b) })
 
 	t.Run("unreachable database", func(t *testing.T) {
-		url := b.url(t)
+		url, db := b.New(t)
 		r := open(t, url, newFakeClock())
 		if _, err := r.Upsert(ctx, student("before", "ctl")); err != nil {
 			t.Fatal(err)
 		}
-		restore := b.outage(t, url)
+		restore := b.Outage(t, db)
 		_, err := r.Upsert(ctx, student("u1", "ctl"))
 		if err == nil {
 			restore()
@@ -461,7 +394,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("the row records its deletion policy", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		for uid, policy := range map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan, "unknown": ""} {
 			rec := student(uid, "ctl")
 			rec.DeletionPolicy = policy
@@ -476,7 +409,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("relinquish deletes a Delete row and releases any other as it stands", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		want := map[string]registry.Outcome{"d": registry.Deleted, "o": registry.Released, "unknown": registry.Released}
 		for uid, policy := range map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan, "unknown": ""} {
 			rec := student(uid, "ctl")
@@ -509,7 +442,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("an owner belongs to one cluster", func(t *testing.T) {
-		url := b.url(t)
+		url := newURL(t, b)
 		r := open(t, url, newFakeClock())
 		if _, err := r.Bind(ctx, "ctl", "cluster-a"); err != nil {
 			t.Fatalf("first bind: %v", err)
@@ -541,7 +474,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("a write fenced by a newer writer is rolled back", func(t *testing.T) {
-		url := b.url(t)
+		url := newURL(t, b)
 		old, next := open(t, url, newFakeClock()), open(t, url, newFakeClock())
 		first, err := old.TakeFence(ctx, "ctl")
 		if err != nil || first <= 0 {
@@ -576,7 +509,7 @@ func runSuite(t *testing.T, b backend) {
 	})
 
 	t.Run("an owner renamed takes its rows and binding along", func(t *testing.T) {
-		r := open(t, b.url(t), newFakeClock())
+		r := open(t, newURL(t, b), newFakeClock())
 		for _, rec := range []registry.Record{student("u1", "old"), student("u2", "old"), student("u3", "taken")} {
 			if _, err := r.Upsert(ctx, rec); err != nil {
 				t.Fatal(err)
@@ -730,13 +663,8 @@ func TestPostgresPassword(t *testing.T) {
 // one test, and returns it with an administrator's connection to that database.
 func postgresRegistry(t *testing.T) (*pgtest.Server, *sql.DB) {
 	t.Helper()
-	ctx := context.Background()
-	server, err := pgtest.Start(ctx)
-	if err != nil {
-		t.Fatalf("PostgreSQL needed: %v", err)
-	}
-	t.Cleanup(func() { _ = server.Close() })
-	if err := server.CreateDatabase(ctx, "registry"); err != nil {
+	server := pgtest.ForTest(t)
+	if err := server.CreateDatabase(context.Background(), "registry"); err != nil {
 		t.Fatal(err)
 	}
 	admin, err := sql.Open("pgx", server.URL("registry", true))

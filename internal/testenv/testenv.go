@@ -7,15 +7,25 @@ package testenv
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // FreePort returns a TCP port of 127.0.0.1 that was free a moment ago.
@@ -111,4 +121,39 @@ func MetricSum(body, name string, keep func(labels string) bool) float64 {
 		}
 	}
 	return sum
+}
+
+// Namespace creates a namespace named prefix and a random suffix, for one test, and
+// returns its name. It is left in place when the test ends: a Student whose finalizer
+// no controller removes any more would keep it Terminating.
+func Namespace(tb testing.TB, kube kubernetes.Interface, prefix string) string {
+	tb.Helper()
+	ns, err := kube.CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix}}, metav1.CreateOptions{})
+	if err != nil {
+		tb.Fatalf("create a namespace: %v", err)
+	}
+	return ns.Name
+}
+
+// EnsureNamespace creates the namespace name unless it exists.
+func EnsureNamespace(ctx context.Context, kube kubernetes.Interface, name string) error {
+	_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// RepoRoot returns the repository's root folder, found from this source file.
+func RepoRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the testenv source file")
+	}
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return "", fmt.Errorf("repository root not found from %s: %w", file, err)
+	}
+	return filepath.Clean(root), nil
 }

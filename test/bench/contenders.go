@@ -2,10 +2,9 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
+
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 )
 
 // contender is one way of doing the work.
@@ -39,10 +38,8 @@ func build(ctx context.Context, root, scratch string) (binaries, error) {
 	} {
 		say("building %s", pkg)
 		// Static, as the image ships it (and as kubebuilder's Dockerfile builds).
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
-		cmd.Dir, cmd.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-		if o, err := cmd.CombinedOutput(); err != nil {
-			return b, fmt.Errorf("build %s: %v\n%s", pkg, err, o)
+		if _, err := (ctrlbin.Build{Package: pkg, Static: true, Root: root, Out: out}).Run(ctx); err != nil {
+			return b, err
 		}
 	}
 	return b, nil

@@ -1,20 +1,15 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +22,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/proc"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
@@ -134,7 +130,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		}
 		return countRows(registryFile, ns.Name)
 	}
-	r.Converged, err = p.waitUntil(ctx, h.phase-time.Since(start), func() bool { return obs.ready.Load() == int64(h.n) && rows() == h.n })
+	r.Converged, err = p.WaitUntil(ctx, h.phase-time.Since(start), func() bool { return obs.ready.Load() == int64(h.n) && rows() == h.n })
 	if err != nil {
 		return nil, fmt.Errorf("converge: %w", err)
 	}
@@ -164,10 +160,10 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 			r.EventsPerStudent += float64(v) / float64(h.n)
 		}
 	}
-	r.PeakRSSMiB, r.SteadyRSSMiB = rss(p.cmd.Process.Pid)
-	r.ConvergeCPUSeconds = cpuSeconds(p.cmd.Process.Pid)
+	usage := p.Usage()
+	r.PeakRSSMiB, r.SteadyRSSMiB, r.ConvergeCPUSeconds = usage.PeakRSSMiB, usage.RSSMiB, usage.CPUSeconds
 	if h.hold > 0 {
-		say("  %s: holding %v for inspection: pid %d, metrics http://%s/metrics", c.name, h.hold, p.cmd.Process.Pid, p.metricsAddr)
+		say("  %s: holding %v for inspection: pid %d, metrics http://%s/metrics", c.name, h.hold, p.Pid(), p.metricsAddr)
 		if err := sleep(ctx, h.hold); err != nil {
 			return nil, err
 		}
@@ -182,7 +178,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 			return nil, err
 		}
 		defer p.kill()
-		r.RestartMeasured, err = p.waitUntil(ctx, h.phase, func() bool { return scrapeSum(p.metricsAddr, c.reconciles) >= float64(h.n) })
+		r.RestartMeasured, err = p.WaitUntil(ctx, h.phase, func() bool { return scrapeSum(p.metricsAddr, c.reconciles) >= float64(h.n) })
 		if err != nil {
 			return nil, fmt.Errorf("restart: %w", err)
 		}
@@ -206,7 +202,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if err := h.deleteAll(ctx, ns.Name); err != nil {
 		return nil, err
 	}
-	r.DeleteDone, err = p.waitUntil(ctx, h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || countRows(registryFile, ns.Name) == 0) })
+	r.DeleteDone, err = p.WaitUntil(ctx, h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || countRows(registryFile, ns.Name) == 0) })
 	if err != nil {
 		return nil, fmt.Errorf("delete: %w", err)
 	}
@@ -357,36 +353,29 @@ func (o *observer) record(start time.Time) func() []point {
 
 // process is a running contender.
 type process struct {
-	cmd                    *exec.Cmd
+	*proc.Process
 	metricsAddr, probeAddr string
-	log                    string
-	done                   chan struct{}
 }
 
 func (h *harness) start(ctx context.Context, c contender, ns, registryURL, run string) (*process, error) {
-	p := &process{done: make(chan struct{})}
+	p := &process{}
 	for _, addr := range []*string{&p.metricsAddr, &p.probeAddr} {
 		var err error
 		if *addr, err = testenv.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}
-	p.cmd = exec.Command(c.bin, append(c.args(h, ns, registryURL, p.metricsAddr, p.probeAddr), h.flags...)...)
-	p.log = filepath.Join(h.scratch, c.name+"-"+run+".log")
-	log, err := os.Create(p.log)
+	var err error
+	p.Process, err = proc.Start(proc.Spec{
+		Name: c.name,
+		Path: c.bin,
+		Args: append(c.args(h, ns, registryURL, p.metricsAddr, p.probeAddr), h.flags...),
+		Log:  filepath.Join(h.scratch, c.name+"-"+run+".log"),
+	})
 	if err != nil {
 		return nil, err
 	}
-	p.cmd.Stdout, p.cmd.Stderr = log, log
-	if err := p.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		_ = log.Close() // the process's output; nothing to do if it fails
-		close(p.done)
-	}()
-	up, err := p.waitUntil(ctx, time.Minute, func() bool {
+	up, err := p.WaitUntil(ctx, time.Minute, func() bool {
 		resp, err := http.Get("http://" + p.metricsAddr + "/metrics")
 		if err == nil {
 			_ = resp.Body.Close()
@@ -394,7 +383,7 @@ func (h *harness) start(ctx context.Context, c contender, ns, registryURL, run s
 		return err == nil && resp.StatusCode == 200
 	})
 	if err == nil && !up {
-		err = fmt.Errorf("%s did not come up within a minute; see %s", c.name, p.log)
+		err = fmt.Errorf("%s did not come up within a minute; see %s", c.name, p.LogPath())
 	}
 	if err != nil {
 		p.kill()
@@ -403,46 +392,11 @@ func (h *harness) start(ctx context.Context, c contender, ns, registryURL, run s
 	return p, nil
 }
 
-func (p *process) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(time.Minute):
-		p.kill()
-	}
-}
+// stop stops the contender, killing it after a minute.
+func (p *process) stop() { _ = p.Stop(time.Minute) }
 
-func (p *process) kill() {
-	select {
-	case <-p.done:
-	default:
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-// waitUntil polls cond until it holds (true) or timeout passes (false). A contender
-// that exits meanwhile, or ctx ending (a signal to the bench), is an error: a phase never
-// waits out its timeout on a process that is gone.
-func (p *process) waitUntil(ctx context.Context, timeout time.Duration, cond func() bool) (bool, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true, nil
-		}
-		if time.Now().After(deadline) {
-			return false, nil
-		}
-		select {
-		case <-p.done:
-			out, _ := os.ReadFile(p.log)
-			return false, fmt.Errorf("%s exited (%v); its log %s ends:\n%s", filepath.Base(p.cmd.Path), p.cmd.ProcessState, p.log, testenv.Tail(out, 30))
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
+// kill kills the contender, if it still runs.
+func (p *process) kill() { _ = p.Kill() }
 
 // sleep waits d, or less if ctx ends first.
 func sleep(ctx context.Context, d time.Duration) error {
@@ -504,47 +458,3 @@ func between(s, from, to string) string {
 	v, _, _ := strings.Cut(after, to)
 	return v
 }
-
-// rss reads a process's peak and current resident memory, in MiB.
-func rss(pid int) (peak, now float64) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseFloat(fields[1], 64)
-		switch fields[0] {
-		case "VmHWM:":
-			peak = kb / 1024
-		case "VmRSS:":
-			now = kb / 1024
-		}
-	}
-	return peak, now
-}
-
-// cpuSeconds reads the user and system CPU time a process has used so far.
-func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name, which is in parentheses and may hold spaces:
-	// state is the first, utime the 12th and stime the 13th, in clock ticks.
-	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(fields) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseFloat(fields[11], 64)
-	stime, _ := strconv.ParseFloat(fields[12], 64)
-	return (utime + stime) / clockTicks
-}
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux.
-const clockTicks = 100

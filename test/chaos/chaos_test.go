@@ -15,12 +15,15 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	_ "modernc.org/sqlite"
 
 	"github.com/student-controller/student-controller/internal/registry"
-	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
+	"github.com/student-controller/student-controller/internal/testenv/proc"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
@@ -74,11 +77,11 @@ func TestChaos(t *testing.T) {
 			t.Fatalf("CHAOS_N=%q: want a number of Students, at least 50", v)
 		}
 	}
-	root, err := controlplane.RepoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin, err := buildController(root, t.TempDir())
+	bin, err := ctrlbin.Build{Race: true, Root: root, Out: filepath.Join(t.TempDir(), "student-controller")}.Run(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +199,7 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 
 	client := versioned.NewForConfigOrDie(c.admin)
 	for _, ns := range namespaces {
-		if err := createNamespace(ctx, c.admin, ns); err != nil {
+		if err := testenv.EnsureNamespace(ctx, kubernetes.NewForConfigOrDie(c.admin), ns); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -341,7 +344,7 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 		for _, r := range w.ctrl.replicas {
 			// A replica between runs (it exited, say after losing its Lease, and its
 			// supervisor starts it again in a second) is down already.
-			if err := r.kill(); err != nil && !errors.Is(err, errNotRunning) {
+			if err := r.Kill(); err != nil && !errors.Is(err, proc.ErrNotRunning) {
 				return time.Time{}, 0, err
 			}
 		}
@@ -355,7 +358,7 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 			return time.Time{}, 0, fmt.Errorf("no leader to kill: %w", err)
 		}
 		killed := time.Now()
-		if err := leader.kill(); err != nil {
+		if err := leader.Kill(); err != nil {
 			return time.Time{}, 0, err
 		}
 		// The killed replica restarts after a second, under a new identity; whichever
@@ -369,22 +372,22 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 			return time.Time{}, 0, fmt.Errorf("no leader to pause: %w", err)
 		}
 		paused := time.Now()
-		if err := leader.signal(syscall.SIGSTOP); err != nil {
+		if err := leader.Signal(syscall.SIGSTOP); err != nil {
 			return time.Time{}, 0, err
 		}
 		_, seen, err := w.ctrl.waitLeader(ctx, leader, time.Minute)
 		// Stay paused past the Lease, then wake up with a cache as old as the pause.
 		time.Sleep(time.Until(paused.Add(leaseDuration + 2*time.Second)))
-		if contErr := leader.signal(syscall.SIGCONT); contErr != nil {
+		if contErr := leader.Signal(syscall.SIGCONT); contErr != nil {
 			err = errors.Join(err, contErr)
 		}
 		return time.Now(), seen.Sub(paused), err
 
 	case faultAPIServerStopped, faultAPIServerKilled:
 		if fault == faultAPIServerStopped {
-			err = c.apiserver.stop(time.Minute)
+			err = c.apiserver.Stop(time.Minute)
 		} else {
-			err = c.apiserver.kill()
+			err = c.apiserver.Kill()
 		}
 		if err != nil {
 			return time.Time{}, 0, err
@@ -393,7 +396,7 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 		return time.Now(), 0, c.startAPIServer(ctx)
 
 	case faultEtcdKilled:
-		if err := c.etcd.kill(); err != nil {
+		if err := c.etcd.Kill(); err != nil {
 			return time.Time{}, 0, err
 		}
 		time.Sleep(outage)

@@ -18,8 +18,6 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -30,6 +28,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
 // The controller's identity, from config/rbac.
@@ -48,8 +47,8 @@ type cluster struct {
 	root string
 	dir  string
 
-	etcd      *proc
-	apiserver *proc
+	etcd      *proc.Process
+	apiserver *proc.Process
 	etcdURL   string
 	apiURL    string
 
@@ -83,18 +82,18 @@ func startCluster(ctx context.Context, root, dir string) (*cluster, error) {
 		dir:     dir,
 		etcdURL: etcdURL,
 		apiURL:  fmt.Sprintf("https://127.0.0.1:%d", ports[2]),
-		etcd: &proc{
-			name: "etcd",
-			path: filepath.Join(bin, "etcd"),
-			args: []string{
+		etcd: proc.New(proc.Spec{
+			Name: "etcd",
+			Path: filepath.Join(bin, "etcd"),
+			Args: []string{
 				"--data-dir", filepath.Join(dir, "etcd"),
 				"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 				"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
 				// A SIGKILL loses nothing that reached the kernel; only a lost machine would.
 				"--unsafe-no-fsync",
 			},
-			log: filepath.Join(dir, "etcd.log"),
-		},
+			Log: filepath.Join(dir, "etcd.log"),
+		}),
 	}
 
 	certDir := filepath.Join(dir, "apiserver")
@@ -113,10 +112,10 @@ func startCluster(ctx context.Context, root, dir string) (*cluster, error) {
 	if err := os.WriteFile(tokens, []byte(adminToken+`,chaos-admin,chaos-admin,"system:masters"`+"\n"), 0o600); err != nil {
 		return nil, err
 	}
-	c.apiserver = &proc{
-		name: "kube-apiserver",
-		path: filepath.Join(bin, "kube-apiserver"),
-		args: []string{
+	c.apiserver = proc.New(proc.Spec{
+		Name: "kube-apiserver",
+		Path: filepath.Join(bin, "kube-apiserver"),
+		Args: []string{
 			"--etcd-servers", etcdURL,
 			"--bind-address", "127.0.0.1", // and its self-made certificate names 127.0.0.1
 			"--secure-port", strconv.Itoa(ports[2]),
@@ -133,8 +132,8 @@ func startCluster(ctx context.Context, root, dir string) (*cluster, error) {
 			// No ServiceAccount controller runs to make the default ServiceAccounts.
 			"--disable-admission-plugins", "ServiceAccount",
 		},
-		log: filepath.Join(dir, "kube-apiserver.log"),
-	}
+		Log: filepath.Join(dir, "kube-apiserver.log"),
+	})
 
 	if err := c.startEtcd(ctx); err != nil {
 		return nil, err
@@ -168,7 +167,7 @@ func (c *cluster) install(ctx context.Context) error {
 	if err := controlplane.InstallAdmissionPolicy(ctx, c.admin, c.root); err != nil {
 		return err
 	}
-	if err := createNamespace(ctx, c.admin, systemNamespace); err != nil {
+	if err := testenv.EnsureNamespace(ctx, kubernetes.NewForConfigOrDie(c.admin), systemNamespace); err != nil {
 		return err
 	}
 	out, err := exec.CommandContext(ctx, "kubectl", "--kubeconfig", c.adminKubeconfig, "apply", "-k", filepath.Join(c.root, "config", "rbac")).CombinedOutput()
@@ -189,7 +188,7 @@ func (c *cluster) install(ctx context.Context) error {
 
 // startEtcd starts etcd and waits until it is healthy.
 func (c *cluster) startEtcd(ctx context.Context) error {
-	if err := c.etcd.start(); err != nil {
+	if err := c.etcd.Start(); err != nil {
 		return err
 	}
 	return waitHealthy(ctx, c.etcd, c.etcdURL+"/health")
@@ -197,7 +196,7 @@ func (c *cluster) startEtcd(ctx context.Context) error {
 
 // startAPIServer starts kube-apiserver and waits until it is ready.
 func (c *cluster) startAPIServer(ctx context.Context) error {
-	if err := c.apiserver.start(); err != nil {
+	if err := c.apiserver.Start(); err != nil {
 		return err
 	}
 	return waitHealthy(ctx, c.apiserver, c.apiURL+"/readyz")
@@ -225,8 +224,8 @@ func (c *cluster) studentWrites(ctx context.Context) (int, error) {
 
 // stop stops both; the folder stays for the caller to keep or remove.
 func (c *cluster) stop() error {
-	err := c.apiserver.stop(30 * time.Second)
-	if etcdErr := c.etcd.stop(30 * time.Second); err == nil {
+	err := c.apiserver.Stop(30 * time.Second)
+	if etcdErr := c.etcd.Stop(30 * time.Second); err == nil {
 		err = etcdErr
 	}
 	return err
@@ -235,32 +234,24 @@ func (c *cluster) stop() error {
 // waitHealthy polls url until it answers 200, p exits, or two minutes pass. The
 // health endpoints answer anyone; the probe checks no certificate, since the first
 // start of the API server is what makes it.
-func waitHealthy(ctx context.Context, p *proc, url string) error {
+func waitHealthy(ctx context.Context, p *proc.Process, url string) error {
 	client := &http.Client{
 		Timeout:   2 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // a local health probe
 	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	var last error
+	healthy, err := p.WaitUntil(ctx, 2*time.Minute, func() bool {
 		resp, err := client.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		if last = err; err != nil {
+			return false
 		}
-		select {
-		case <-p.running():
-			log, _ := os.ReadFile(p.log)
-			return fmt.Errorf("%s exited at start; its log %s ends:\n%s", p.name, p.log, testenv.Tail(log, 20))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not healthy at %s within 2 minutes (last: %v)", p.name, url, err)
-		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	if err == nil && !healthy {
+		err = fmt.Errorf("%s not healthy at %s within 2 minutes (last: %v)", p.Name(), url, last)
 	}
+	return err
 }
 
 func writeRSAKey(path string) error {
@@ -286,14 +277,4 @@ func writeKubeconfig(path string, cfg *rest.Config) (string, error) {
 	kc.Contexts["chaos"] = &clientcmdapi.Context{Cluster: "chaos", AuthInfo: "chaos"}
 	kc.CurrentContext = "chaos"
 	return path, clientcmd.WriteToFile(*kc, path)
-}
-
-// createNamespace creates a namespace unless it exists.
-func createNamespace(ctx context.Context, cfg *rest.Config, name string) error {
-	_, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		return nil
-	}
-	return err
 }

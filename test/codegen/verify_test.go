@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 // TestVerifyCodegenCatchesStaleTypes adds a field to the API types in a copy of the
 // tree without regenerating, and expects hack/verify-codegen.sh to fail and to name
 // what is stale. (`make verify` shows the other half: the script passes on main.)
 func TestVerifyCodegenCatchesStaleTypes(t *testing.T) {
-	root, err := controlplane.RepoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // TestAdmissionPolicy: with config/admission's policy (as the harness installs it, as
@@ -39,8 +41,8 @@ func TestAdmissionPolicy(t *testing.T) {
 
 func testAdmissionPolicy(t *testing.T, studentWrites int, sweep time.Duration) {
 	const n = 30
-	ns := newNamespace(t)
-	url, db := backends()[0].newRegistry(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := registrytest.SQLiteBackend().New(t)
 	ctl := startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: sweep})
 	ctx := context.Background()
 

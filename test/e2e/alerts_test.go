@@ -13,6 +13,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 // TestMetricsNamedByAlertsAndDashboard: every metric that the chart's alerts and
@@ -65,7 +67,7 @@ func TestMetricsNamedByAlertsAndDashboard(t *testing.T) {
 		t.Fatalf("found only %v in %d expressions: the parsing is off", names, len(exprs))
 	}
 
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	leaseRBAC(t, ns)
 	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), "--registry-owner", owner,
@@ -77,7 +79,7 @@ func TestMetricsNamedByAlertsAndDashboard(t *testing.T) {
 	waitAllReady(t, ns, 1, time.Minute)
 	var missing []string
 	eventually(t, 30*time.Second, "every metric the alerts and the dashboard name", func(context.Context) (bool, error) {
-		_, body, err := get("http://" + p.metricsAddr + "/metrics")
+		_, body, err := get("http://" + p.MetricsAddr + "/metrics")
 		if err != nil {
 			return false, nil
 		}

@@ -1,29 +1,30 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
+	"github.com/student-controller/student-controller/internal/testenv/proc"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // TestBinary runs the built controller binary as a user would, with its flags, and
 // checks that SIGTERM drains it and it exits 0.
 func TestBinary(t *testing.T) {
-	bin := controllerBinary(t)
+	bin := ctrlbin.Binary(t)
 
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
-	db := rawDB(t, path)
+	db := registrytest.OpenSQLite(t, path)
 
 	out, err := exec.Command(bin, "--version").CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "student-controller ") || !strings.Contains(string(out), "go1.") {
@@ -40,22 +41,16 @@ func TestBinary(t *testing.T) {
 		t.Errorf("bad registry URL: exit %d, output %q", code, out)
 	}
 
-	cmd := exec.Command(bin, "--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--metrics-bind-address=0", "--health-probe-bind-address=0",
-		"--registry", "sqlite://"+path, "--registry-owner", owner, "-v", "2")
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
+	c, err := proc.Start(proc.Spec{Name: "controller", Path: bin, Args: []string{
+		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--metrics-bind-address=0", "--health-probe-bind-address=0",
+		"--registry", "sqlite://" + path, "--registry-owner", owner, "-v", "2"}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	defer func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+		_ = c.Kill()
 		if t.Failed() {
-			t.Logf("controller output:\n%s", logs.String())
+			t.Logf("controller output:\n%s", c.Output())
 		}
 	}()
 
@@ -65,50 +60,20 @@ func TestBinary(t *testing.T) {
 	items := waitAllReady(t, ns, 1, time.Minute)
 	assertRowsMatch(t, db, items)
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("after SIGTERM the controller exited with %v, want 0", err)
-		}
-	case <-time.After(45 * time.Second):
+	switch exited, err := c.Wait(45 * time.Second); {
+	case !exited:
 		t.Fatal("the controller did not exit within 45s of SIGTERM")
+	case err != nil:
+		t.Errorf("after SIGTERM the controller exited with %v, want 0", err)
 	}
 	for _, want := range []string{"Registry open", "Shutting down: finishing the work in flight", "Controller stopped"} {
-		if !strings.Contains(logs.String(), want) {
+		if !strings.Contains(c.Output(), want) {
 			t.Errorf("controller output lacks %q", want)
 		}
 	}
-}
-
-var (
-	buildOnce sync.Once
-	builtBin  string
-	buildErr  error
-)
-
-// controllerBinary builds cmd/student-controller once for the package's tests.
-func controllerBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "student-controller-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		builtBin = filepath.Join(dir, "student-controller")
-		build := exec.Command("go", "build", "-o", builtBin, "./cmd/student-controller")
-		build.Dir = env.Root
-		if out, err := build.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return builtBin
 }
 
 func exitCode(err error) int {

@@ -16,7 +16,9 @@ import (
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	studentclient "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/typed/bolingcavalry/v1"
@@ -133,11 +135,11 @@ func assertRowsMatch(t *testing.T, db *sql.DB, items []studentv1.Student) {
 
 // TestConvergeUpdateRestart: 100 Students converge within the write budget, an update
 // reaches its row, and a restarted controller over synced Students writes nothing.
-func TestConvergeUpdateRestart(t *testing.T) { forEachBackend(t, testConvergeUpdateRestart) }
+func TestConvergeUpdateRestart(t *testing.T) { registrytest.ForEach(t, pg, testConvergeUpdateRestart) }
 
-func testConvergeUpdateRestart(t *testing.T, b backend) {
-	ns := newNamespace(t)
-	url, db := b.newRegistry(t)
+func testConvergeUpdateRestart(t *testing.T, b registrytest.Backend) {
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := b.New(t)
 	ctrl := startController(t, controllerOptions{registryURL: url, namespace: ns})
 
 	createMany(t, ns, 100, "s")
@@ -186,11 +188,11 @@ func testConvergeUpdateRestart(t *testing.T, b backend) {
 
 // TestDeletePolicies: with Delete the row is gone before the object is; with Orphan the
 // row stays, released.
-func TestDeletePolicies(t *testing.T) { forEachBackend(t, testDeletePolicies) }
+func TestDeletePolicies(t *testing.T) { registrytest.ForEach(t, pg, testDeletePolicies) }
 
-func testDeletePolicies(t *testing.T, b backend) {
-	ns := newNamespace(t)
-	url, db := b.newRegistry(t)
+func testDeletePolicies(t *testing.T, b registrytest.Backend) {
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := b.New(t)
 	startController(t, controllerOptions{registryURL: url, namespace: ns})
 	ctx := context.Background()
 
@@ -249,11 +251,11 @@ func testDeletePolicies(t *testing.T, b backend) {
 // TestSweepRepairsDrift: rows changed, deleted or left behind by others are put right by
 // the sweep (resync is off, so nothing else would), and another owner's rows are not
 // touched.
-func TestSweepRepairsDrift(t *testing.T) { forEachBackend(t, testSweepRepairsDrift) }
+func TestSweepRepairsDrift(t *testing.T) { registrytest.ForEach(t, pg, testSweepRepairsDrift) }
 
-func testSweepRepairsDrift(t *testing.T, b backend) {
-	ns := newNamespace(t)
-	url, db := b.newRegistry(t)
+func testSweepRepairsDrift(t *testing.T, b registrytest.Backend) {
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := b.New(t)
 	startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: 500 * time.Millisecond})
 
 	createMany(t, ns, 3, "d")
@@ -299,18 +301,18 @@ func testSweepRepairsDrift(t *testing.T, b backend) {
 // file's write lock; PostgreSQL: the server is stopped for 20 s), Students report Ready=False
 // with a clear reason and a deleted Student stays Terminating; once it is back,
 // everything converges and the rows match the live Students exactly.
-func TestRegistryOutage(t *testing.T) { forEachBackend(t, testRegistryOutage) }
+func TestRegistryOutage(t *testing.T) { registrytest.ForEach(t, pg, testRegistryOutage) }
 
-func testRegistryOutage(t *testing.T, b backend) {
-	ns := newNamespace(t)
-	url, db := b.newRegistry(t)
+func testRegistryOutage(t *testing.T, b registrytest.Backend) {
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := b.New(t)
 	startController(t, controllerOptions{registryURL: url, namespace: ns})
 	ctx := context.Background()
 
 	createMany(t, ns, 5, "before")
 	waitAllReady(t, ns, 5, time.Minute)
 
-	restore := b.outage(t, db)
+	restore := b.Outage(t, db)
 	outageStarted := time.Now()
 	restored := false
 	defer func() {
@@ -343,7 +345,7 @@ func testRegistryOutage(t *testing.T, b backend) {
 		}
 	}
 
-	if rest := b.hold - time.Since(outageStarted); rest > 0 {
+	if rest := b.Hold - time.Since(outageStarted); rest > 0 {
 		time.Sleep(rest) // the outage lasts its full length
 	}
 	restore()

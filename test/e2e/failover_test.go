@@ -11,6 +11,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 )
 
@@ -78,7 +79,7 @@ func (r *replicatedRegistry) waitReplicated(t *testing.T, n int) {
 func TestPostgresFailover(t *testing.T) {
 	// A controller on both hosts, and five Students written and replicated.
 	setUp := func(t *testing.T) (*replicatedRegistry, string) {
-		ns := newNamespace(t)
+		ns := testenv.Namespace(t, kubeClient(), "e2e-")
 		r := newReplicatedRegistry(t)
 		startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 			"--registry", r.url, "--registry-owner", owner, "--sweep-interval", "2s")

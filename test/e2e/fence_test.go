@@ -7,6 +7,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // TestFencedWrite: a write that started under the Lease cannot commit after another
@@ -24,8 +27,8 @@ import (
 // check itself runs on both databases in the registry suite.
 func TestFencedWrite(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	url, db := backends()[1].newRegistry(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := registrytest.PostgresBackend(pg).New(t)
 	leaseRBAC(t, ns)
 	args := []string{
 		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
@@ -34,7 +37,7 @@ func TestFencedWrite(t *testing.T) {
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"--sync-timeout=2m", // the blocked write must outlast the takeover
 	}
-	a, _, holder := startReplicas(t, ns, args)
+	a, b := startReplicas(t, args)
 	if _, err := db.ExecContext(ctx, `
 		CREATE TABLE audit (uid TEXT, op TEXT, generation BIGINT, school TEXT);
 		CREATE FUNCTION audit_students() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -71,7 +74,7 @@ func TestFencedWrite(t *testing.T) {
 	waitWritesBlocked(t, 1)
 	a.signal(syscall.SIGSTOP)
 	defer a.signal(syscall.SIGCONT)
-	waitLeader(t, ns, holder)
+	waitLeader(t, a, a, b)
 	// The new leader's write of the same row: it took the fence before it synced.
 	waitWritesBlocked(t, 2)
 

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"net/http"
 	"os"
@@ -16,7 +15,6 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -28,6 +26,7 @@ import (
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -82,6 +81,11 @@ func runTests(m *testing.M) int {
 	defer func() {
 		if err := pg.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "stop PostgreSQL: %v\n", err)
+		}
+	}()
+	defer func() {
+		if err := ctrlbin.RemoveAll(); err != nil {
+			fmt.Fprintf(os.Stderr, "remove the controller binary: %v\n", err)
 		}
 	}()
 	return m.Run()
@@ -251,17 +255,6 @@ func startController(t *testing.T, opts controllerOptions) *running {
 	return &running{requests: counter, registry: counting, metrics: metrics, stop: stop}
 }
 
-// rawDB opens the registry file directly, as another program would.
-func rawDB(t *testing.T, path string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 // eventually polls cond until it holds or the timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
 	t.Helper()
@@ -277,17 +270,6 @@ func isReady(s *studentv1.Student) bool {
 }
 
 func kubeClient() kubernetes.Interface { return kubernetes.NewForConfigOrDie(env.Config) }
-
-func newNamespace(t *testing.T) string {
-	t.Helper()
-	ns, err := kubeClient().CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
-}
 
 // waitOutageShown waits until a Student reports Ready=False for the registry's outage.
 func waitOutageShown(t *testing.T, ns, name string) {

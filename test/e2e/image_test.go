@@ -17,6 +17,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // TestImage: `make image` builds the same image twice (same digest); the image runs as
@@ -77,14 +80,14 @@ func TestImage(t *testing.T) {
 	if out, err := exec.Command(bin, "--version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "student-controller ") {
 		t.Errorf("--version of the image's binary: %q, %v", out, err)
 	}
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
 	startBinary(t, "image-binary", bin, nil, "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+path, "--registry-owner", owner)
 	if _, err := students(ns).Create(context.Background(), newStudent("from-the-image", "深圳中学", ""), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	assertRowsMatch(t, rawDB(t, path), waitAllReady(t, ns, 1, time.Minute))
+	assertRowsMatch(t, registrytest.OpenSQLite(t, path), waitAllReady(t, ns, 1, time.Minute))
 }
 
 // ociImage is what TestImage reads of an OCI image layout.

@@ -10,13 +10,17 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // TestLeaderElection: two replicas with --leader-elect; only the leader writes. After
 // SIGTERM the standby takes over and a new Student is Ready within 10 s; after a
 // SIGKILL, within the lease duration plus 10 s.
 func TestLeaderElection(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
 	leaseRBAC(t, ns)
 	args := []string{
@@ -26,12 +30,12 @@ func TestLeaderElection(t *testing.T) {
 	}
 	const leaseDuration = 15 * time.Second // the default
 
-	a, b, holder := startReplicas(t, ns, args)
+	a, b := startReplicas(t, args)
 
 	createMany(t, ns, 5, "s")
 	waitAllReady(t, ns, 5, time.Minute)
 	for _, p := range []*process{a, b} {
-		_, body, err := get("http://" + p.metricsAddr + "/metrics")
+		_, body, err := get("http://" + p.MetricsAddr + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +48,7 @@ func TestLeaderElection(t *testing.T) {
 		reconciles := metricLines(body, "student_controller_reconcile_total")
 		leading := metricLines(body, "leader_election_master_status")
 		if want := map[*process]string{a: " 1", b: " 0"}[p]; len(leading) != 1 || !strings.HasSuffix(leading[0], want) {
-			t.Errorf("%s: leader_election_master_status %v, want%s", p.name, leading, want)
+			t.Errorf("%s: leader_election_master_status %v, want%s", p.Name(), leading, want)
 		}
 		if p == b && (writes > 0 || len(reconciles) > 0) {
 			t.Errorf("the standby wrote or synced: %v %v", metricLines(body, "rest_client_requests_total"), reconciles)
@@ -64,12 +68,12 @@ func TestLeaderElection(t *testing.T) {
 	if err := a.wait(30 * time.Second); err != nil {
 		t.Errorf("replica a exited with %v after SIGTERM, want 0", err)
 	}
-	waitLeader(t, ns, holder)
+	waitLeader(t, a, a, b)
 
 	// SIGKILL the new leader, with a fresh standby: the Lease must expire first.
 	c := startProcess(t, "replica-c", args...)
 	waitFor(t, 30*time.Second, "replica c to be ready as a standby", func() bool {
-		code, _, _ := get("http://" + c.probeAddr + "/readyz")
+		code, _, _ := get("http://" + c.ProbeAddr + "/readyz")
 		return code == 200
 	})
 	b.signal(syscall.SIGKILL)
@@ -78,38 +82,38 @@ func TestLeaderElection(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStudentReady(t, ns, "after-sigkill", killed, leaseDuration+10*time.Second)
-	assertRowsMatch(t, rawDB(t, path), waitAllReady(t, ns, 7, 10*time.Second))
+	assertRowsMatch(t, registrytest.OpenSQLite(t, path), waitAllReady(t, ns, 7, 10*time.Second))
 }
 
-// startReplicas starts replica a, waits until it leads (the Lease in namespace leaseNS),
-// then starts replica b and waits until it is ready as a standby; it returns them and
-// a's identity.
-func startReplicas(t *testing.T, leaseNS string, args []string) (a, b *process, holder string) {
+// startReplicas starts replica a, waits until it leads, then starts replica b and waits
+// until it is ready as a standby.
+func startReplicas(t *testing.T, args []string) (a, b *process) {
 	t.Helper()
 	a = startProcess(t, "replica-a", args...)
-	holder = waitLeader(t, leaseNS, "")
+	waitLeader(t, nil, a)
 	b = startProcess(t, "replica-b", args...)
 	waitFor(t, 30*time.Second, "replica b to be ready as a standby", func() bool {
-		code, _, _ := get("http://" + b.probeAddr + "/readyz")
+		code, _, _ := get("http://" + b.ProbeAddr + "/readyz")
 		return code == 200
 	})
-	return a, b, holder
+	return a, b
 }
 
-// waitLeader waits until the Lease (student-controller, in namespace ns) has a holder
-// other than not, and returns it.
-func waitLeader(t *testing.T, ns, not string) string {
+// waitLeader waits until one of ps other than not leads (by its metrics; the Lease
+// says the same once the elector has taken it).
+func waitLeader(t *testing.T, not *process, ps ...*process) {
 	t.Helper()
-	var holder string
-	waitFor(t, 30*time.Second, "a leader", func() bool {
-		lease, err := kubeClient().CoordinationV1().Leases(ns).Get(context.Background(), "student-controller", metav1.GetOptions{})
-		if err != nil || lease.Spec.HolderIdentity == nil {
-			return false
-		}
-		holder = *lease.Spec.HolderIdentity
-		return holder != "" && holder != not
-	})
-	return holder
+	var cs []*ctrlbin.Controller
+	var notC *ctrlbin.Controller
+	for _, p := range ps {
+		cs = append(cs, p.Controller)
+	}
+	if not != nil {
+		notC = not.Controller
+	}
+	if _, _, err := ctrlbin.WaitLeader(context.Background(), 30*time.Second, notC, cs...); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitStudentReady waits until a Student is Ready and fails if that took longer than
@@ -145,11 +149,11 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // API or the registry, and stand down. It stops writing as soon as its last renewal is
 // older than the renew deadline, before client-go's elector has noticed anything.
 func TestPausedLeader(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
 	// The Lease in a namespace of its own: the elector's Events on it are not the
 	// Students' Events that the resumed leader must not write.
-	leaseNS := newNamespace(t)
+	leaseNS := testenv.Namespace(t, kubeClient(), "e2e-")
 	leaseRBAC(t, leaseNS)
 	const leaseDuration = 4 * time.Second
 	args := []string{
@@ -159,7 +163,7 @@ func TestPausedLeader(t *testing.T) {
 		"--leader-elect-lease-duration", leaseDuration.String(), "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"-v=7", // every request is logged before it is sent
 	}
-	a, _, holder := startReplicas(t, leaseNS, args)
+	a, b := startReplicas(t, args)
 	createMany(t, ns, 20, "s")
 	waitAllReady(t, ns, 20, time.Minute)
 
@@ -182,19 +186,19 @@ func TestPausedLeader(t *testing.T) {
 		}
 	}
 	createMany(t, ns, 10, "paused")
-	waitLeader(t, leaseNS, holder)
+	waitLeader(t, a, a, b)
 	items := waitAllReady(t, ns, 25, time.Minute)
 	if wait := leaseDuration + time.Second - time.Since(paused); wait > 0 {
 		time.Sleep(wait)
 	}
 
-	resumedAt := len(a.logs.String())
+	resumedAt := len(a.Output())
 	a.signal(syscall.SIGCONT)
 	if err := a.wait(30 * time.Second); err == nil {
 		t.Errorf("the resumed former leader exited 0, want an error: it lost the Lease")
 	}
 	var refused int
-	for _, line := range strings.Split(a.logs.String()[resumedAt:], "\n") {
+	for _, line := range strings.Split(a.Output()[resumedAt:], "\n") {
 		request := strings.Contains(line, `"Request"`) && !strings.Contains(line, `verb="GET"`) &&
 			(strings.Contains(line, "/students") || strings.Contains(line, "/namespaces/"+ns+"/events"))
 		if request || strings.Contains(line, "Wrote registry row") || strings.Contains(line, "Registry row gone") {
@@ -205,5 +209,5 @@ func TestPausedLeader(t *testing.T) {
 		}
 	}
 	t.Logf("the resumed former leader refused %d syncs before it stood down", refused)
-	assertRowsMatch(t, rawDB(t, path), items)
+	assertRowsMatch(t, registrytest.OpenSQLite(t, path), items)
 }

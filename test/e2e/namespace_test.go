@@ -10,6 +10,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
@@ -17,12 +19,12 @@ import (
 // mixed) finishes, as in a cluster: kube-controller-manager's namespace controller
 // deletes the Students, the controller lets each go with its row deleted or released,
 // and nothing is left Terminating.
-func TestNamespaceDeletion(t *testing.T) { forEachBackend(t, testNamespaceDeletion) }
+func TestNamespaceDeletion(t *testing.T) { registrytest.ForEach(t, pg, testNamespaceDeletion) }
 
-func testNamespaceDeletion(t *testing.T, b backend) {
+func testNamespaceDeletion(t *testing.T, b registrytest.Backend) {
 	const n = 50
-	ns := newNamespace(t)
-	url, db := b.newRegistry(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := b.New(t)
 	startController(t, controllerOptions{registryURL: url, namespace: ns})
 	ctx := context.Background()
 
@@ -68,8 +70,8 @@ func testNamespaceDeletion(t *testing.T, b backend) {
 // TestGarbageCollection: an object that a Student owns through an ownerReference is
 // collected once the Student is gone, by kube-controller-manager's garbage collector.
 func TestGarbageCollection(t *testing.T) {
-	ns := newNamespace(t)
-	url, _ := backends()[0].newRegistry(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, _ := registrytest.SQLiteBackend().New(t)
 	startController(t, controllerOptions{registryURL: url, namespace: ns})
 	ctx := context.Background()
 

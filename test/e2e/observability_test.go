@@ -24,7 +24,7 @@ import (
 // controller's, workqueue and client metrics.
 func TestReadinessAndMetrics(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
 	late, err := serviceAccountIdentity(ctx, systemNamespace, "late-bound", t.TempDir())
 	if err != nil {
@@ -36,11 +36,11 @@ func TestReadinessAndMetrics(t *testing.T) {
 
 	// Without RBAC the cache cannot sync: alive, not ready.
 	waitFor(t, 30*time.Second, "the probe server", func() bool {
-		code, _, _ := get("http://" + p.probeAddr + "/healthz")
+		code, _, _ := get("http://" + p.ProbeAddr + "/healthz")
 		return code == 200
 	})
 	for range 5 {
-		code, body, err := get("http://" + p.probeAddr + "/readyz")
+		code, body, err := get("http://" + p.ProbeAddr + "/readyz")
 		if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "the Student cache has not synced") {
 			t.Fatalf("/readyz before the cache can sync: %d %q %v", code, body, err)
 		}
@@ -59,13 +59,13 @@ func TestReadinessAndMetrics(t *testing.T) {
 		_ = kubeClient().RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
 	})
 	waitFor(t, 90*time.Second, "/readyz to flip to ready", func() bool {
-		code, _, _ := get("http://" + p.probeAddr + "/readyz")
+		code, _, _ := get("http://" + p.ProbeAddr + "/readyz")
 		return code == 200
 	})
 
 	createMany(t, ns, 3, "m")
 	waitAllReady(t, ns, 3, time.Minute)
-	_, body, err := get("http://" + p.metricsAddr + "/metrics")
+	_, body, err := get("http://" + p.MetricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestReadinessAndMetrics(t *testing.T) {
 	if header, _, _ := strings.Cut(body, "\n"); !strings.Contains(header, "@ heap/") || strings.HasSuffix(header, "@ heap/0") {
 		t.Errorf("the heap profile is not sampled: %q", header)
 	}
-	if code, _, _ := get("http://" + p.probeAddr + "/debug/pprof/"); code != http.StatusNotFound {
+	if code, _, _ := get("http://" + p.ProbeAddr + "/debug/pprof/"); code != http.StatusNotFound {
 		t.Errorf("the probe server answers /debug/pprof/ with %d, want 404", code)
 	}
 }
@@ -110,7 +110,7 @@ func TestReadinessAndMetrics(t *testing.T) {
 // server authenticates and authorizes, as in the Deployment.
 func TestSecureMetrics(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	dir := t.TempDir()
 	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+filepath.Join(dir, "registry.db"), "--metrics-secure")
@@ -138,7 +138,7 @@ func TestSecureMetrics(t *testing.T) {
 	// The certificate is self-signed; what is tested here is who may read.
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: 10 * time.Second}
 	scrape := func(token string) (int, string) {
-		req, _ := http.NewRequest(http.MethodGet, "https://"+p.metricsAddr+"/metrics", nil)
+		req, _ := http.NewRequest(http.MethodGet, "https://"+p.MetricsAddr+"/metrics", nil)
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -20,11 +21,11 @@ import (
 // TestShellsReadRegistry: the databases' own shells, sqlite3 and psql, read the times
 // in a registry the controller wrote with their date functions, and get what the
 // Students' status says.
-func TestShellsReadRegistry(t *testing.T) { forEachBackend(t, testShellsReadRegistry) }
+func TestShellsReadRegistry(t *testing.T) { registrytest.ForEach(t, pg, testShellsReadRegistry) }
 
-func testShellsReadRegistry(t *testing.T, b backend) {
-	ns := newNamespace(t)
-	url, _ := b.newRegistry(t)
+func testShellsReadRegistry(t *testing.T, b registrytest.Backend) {
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, _ := b.New(t)
 	startController(t, controllerOptions{registryURL: url, namespace: ns})
 	ctx := context.Background()
 	for _, s := range []*studentv1.Student{
@@ -49,7 +50,7 @@ func testShellsReadRegistry(t *testing.T, b backend) {
 	// the released row) released then too.
 	var query string
 	var run func(ctx context.Context, query string) (string, error)
-	switch b.name {
+	switch b.Name {
 	case "sqlite":
 		query = `SELECT name, datetime(updated_at),
 			created_at <= updated_at AND (julianday('now') - julianday(updated_at)) * 24 BETWEEN 0 AND 1,
@@ -89,24 +90,24 @@ func testShellsReadRegistry(t *testing.T, b backend) {
 		}
 	}
 	if diff := cmp.Diff(want, lines); diff != "" {
-		t.Errorf("%s read the registry (-want +got):\n%s", b.name, diff)
+		t.Errorf("%s read the registry (-want +got):\n%s", b.Name, diff)
 	}
 }
 
 // TestMalformedRowsSkipped: rows under the controller's owner mark that it cannot read
 // (written past the schema's checks) are counted and left alone, while the sweep still
 // restores a deleted row, deletes an orphan, and a Student's own broken row is rewritten.
-func TestMalformedRowsSkipped(t *testing.T) { forEachBackend(t, testMalformedRowsSkipped) }
+func TestMalformedRowsSkipped(t *testing.T) { registrytest.ForEach(t, pg, testMalformedRowsSkipped) }
 
-func testMalformedRowsSkipped(t *testing.T, b backend) {
-	ns := newNamespace(t)
-	url, db := b.newRegistry(t)
+func testMalformedRowsSkipped(t *testing.T, b registrytest.Backend) {
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := b.New(t)
 	ctl := startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: time.Second})
 	ctx := context.Background()
 	createMany(t, ns, 3, "s")
 	items := waitAllReady(t, ns, 3, time.Minute)
 
-	wrong, err := registrytest.WriteMalformed(ctx, db, b.name, owner)
+	wrong, err := registrytest.WriteMalformed(ctx, db, b.Name, owner)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,13 +117,13 @@ func testMalformedRowsSkipped(t *testing.T, b backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := registrytest.BypassChecks(ctx, conn, b.name); err != nil {
+	if err := registrytest.BypassChecks(ctx, conn, b.Name); err != nil {
 		t.Fatal(err)
 	}
 	breakRow := map[string]string{
 		"sqlite":   `UPDATE students SET generation = 'three' WHERE uid = $1`,
 		"postgres": `UPDATE students SET created_at = 'infinity' WHERE uid = $1`,
-	}[b.name]
+	}[b.Name]
 	for _, stmt := range []struct {
 		sql  string
 		args []any

@@ -12,7 +12,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // TestPostgresPasswordNeverShown runs the controller binary on PostgreSQL, with the
@@ -37,11 +39,8 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 	}
 	for _, way := range ways {
 		t.Run(way.name, func(t *testing.T) {
-			db := fmt.Sprintf("pw_%d", databases.Add(1))
-			if err := pg.CreateDatabase(ctx, db); err != nil {
-				t.Fatal(err)
-			}
-			ns := newNamespace(t)
+			db := registrytest.CreateDatabase(t, pg)
+			ns := testenv.Namespace(t, kubeClient(), "e2e-")
 			args := append([]string{"--registry", pg.URL(db, way.inURL), "--kubeconfig", controllerID.kubeconfig,
 				"--namespace", ns, "--registry-owner", owner, "-v", "6"}, way.args...)
 			p := startProcessEnv(t, "controller", way.env, args...)
@@ -67,7 +66,7 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 			if err := p.wait(45 * time.Second); err != nil {
 				t.Errorf("exit after SIGTERM: %v", err)
 			}
-			logs := p.logs.String()
+			logs := p.Output()
 			if !strings.Contains(logs, "Registry open") || !strings.Contains(logs, "RegistryError") {
 				t.Errorf("the logs lack the lines this test looks through")
 			}

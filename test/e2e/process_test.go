@@ -3,27 +3,19 @@ package e2e
 import (
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 )
 
 // process is a student-controller binary running for a test, with its own metrics and
-// probe ports.
+// probe ports. Its output is kept in memory and shown when the test fails.
 type process struct {
-	t           *testing.T
-	name        string
-	cmd         *exec.Cmd
-	logs        *testenv.Output
-	metricsAddr string
-	probeAddr   string
-	exited      chan struct{}
-	exitErr     error
+	*ctrlbin.Controller
+	t *testing.T
 }
 
 // startProcess runs the binary with args plus its own metrics and probe addresses.
@@ -35,55 +27,39 @@ func startProcess(t *testing.T, name string, args ...string) *process {
 // startProcessEnv is startProcess with extra environment variables.
 func startProcessEnv(t *testing.T, name string, env []string, args ...string) *process {
 	t.Helper()
-	return startBinary(t, name, controllerBinary(t), env, args...)
+	return startBinary(t, name, ctrlbin.Binary(t), env, args...)
 }
 
 // startBinary is startProcessEnv for a controller binary of the caller's.
 func startBinary(t *testing.T, name, bin string, env []string, args ...string) *process {
 	t.Helper()
-	p := &process{
-		t: t, name: name, logs: &testenv.Output{}, exited: make(chan struct{}),
-		metricsAddr: testenv.Addr(t),
-		probeAddr:   testenv.Addr(t),
+	c, err := ctrlbin.New(name, bin, "", args, env...)
+	if err == nil {
+		err = c.Start()
 	}
-	args = append(args, "--metrics-bind-address", p.metricsAddr, "--health-probe-bind-address", p.probeAddr)
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-	p.cmd.Env = append(os.Environ(), env...)
-	if err := p.cmd.Start(); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		p.exitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
 	t.Cleanup(func() {
-		p.signal(syscall.SIGKILL)
-		<-p.exited
+		_ = c.Kill()
 		if t.Failed() {
-			t.Logf("%s output:\n%s", name, p.logs.String())
+			t.Logf("%s output:\n%s", name, c.Output())
 		}
 	})
-	return p
+	return &process{Controller: c, t: t}
 }
 
-func (p *process) signal(sig syscall.Signal) {
-	select {
-	case <-p.exited:
-	default:
-		_ = p.cmd.Process.Signal(sig)
-	}
-}
+// signal sends sig, unless the process has exited.
+func (p *process) signal(sig syscall.Signal) { _ = p.Signal(sig) }
 
-// wait waits for the process to exit and returns its error.
+// wait waits for the process to exit and returns its error; the test fails when it
+// does not exit within timeout.
 func (p *process) wait(timeout time.Duration) error {
-	select {
-	case <-p.exited:
-		return p.exitErr
-	case <-time.After(timeout):
-		p.t.Fatalf("%s did not exit within %v", p.name, timeout)
-		return nil
+	exited, err := p.Wait(timeout)
+	if !exited {
+		p.t.Fatalf("%s did not exit within %v", p.Name(), timeout)
 	}
+	return err
 }
 
 // get fetches a URL path of the metrics or probe server: status code and body.

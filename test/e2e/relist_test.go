@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -23,7 +22,9 @@ import (
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
@@ -48,8 +49,7 @@ func TestRelist(t *testing.T) {
 	testCfg.QPS, testCfg.Burst = -1, 0 // the test's own polling is never held back
 	client := versioned.NewForConfigOrDie(testCfg)
 	ns := "relist"
-	if _, err := kubernetes.NewForConfigOrDie(testCfg).CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	if err := testenv.EnsureNamespace(ctx, kubernetes.NewForConfigOrDie(testCfg), ns); err != nil {
 		t.Fatal(err)
 	}
 	stus := client.BolingcavalryV1().Students(ns)
@@ -152,7 +152,7 @@ func TestRelist(t *testing.T) {
 		}
 		return true, nil
 	})
-	db := rawDB(t, path)
+	db := registrytest.OpenSQLite(t, path)
 	assertRowsMatch(t, db, items)
 	var released int
 	if err := db.QueryRow(`SELECT count(*) FROM students WHERE owner IS NULL AND released_at IS NOT NULL`).Scan(&released); err != nil {

@@ -10,13 +10,15 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
@@ -27,9 +29,9 @@ import (
 // row stays. After the explicit move the first cluster's controller is the one that
 // refuses.
 func TestWrongClusterDeletesNothing(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
-	db := rawDB(t, path)
+	db := registrytest.OpenSQLite(t, path)
 	common := []string{"--registry", "sqlite://" + path, "--registry-owner", owner, "--sweep-interval", "500ms"}
 
 	a := startProcess(t, "controller of cluster A", append([]string{"--kubeconfig", controllerID.kubeconfig, "--namespace", ns}, common...)...)
@@ -44,9 +46,9 @@ func TestWrongClusterDeletesNothing(t *testing.T) {
 	other := ownControlPlane(t, controlplane.Options{})
 	b := startProcess(t, "controller of cluster B", append([]string{"--kubeconfig", other.Kubeconfig}, common...)...)
 	select {
-	case <-b.exited:
-		if code := exitCode(b.exitErr); code != 1 || !strings.Contains(b.logs.String(), "is bound to cluster") ||
-			!strings.Contains(b.logs.String(), "student-controller registry move-cluster") {
+	case <-b.Exited():
+		if code := exitCode(b.ExitErr()); code != 1 || !strings.Contains(b.Output(), "is bound to cluster") ||
+			!strings.Contains(b.Output(), "student-controller registry move-cluster") {
 			t.Errorf("controller of cluster B: exit %d, want 1 with the binding and the way to move it in its output", code)
 		}
 	case <-time.After(30 * time.Second):
@@ -58,7 +60,7 @@ func TestWrongClusterDeletesNothing(t *testing.T) {
 
 	// The explicit move: the owner now follows cluster B.
 	from := clusterUID(t)
-	out, err := exec.Command(controllerBinary(t), "registry", "move-cluster", "--kubeconfig", other.Kubeconfig,
+	out, err := exec.Command(ctrlbin.Binary(t), "registry", "move-cluster", "--kubeconfig", other.Kubeconfig,
 		"--registry", "sqlite://"+path, "--registry-owner", owner, "--from", from).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "is bound to cluster") {
 		t.Fatalf("registry move-cluster: %v\n%s", err, out)
@@ -102,13 +104,13 @@ func rowsDiff(before, after map[string]registry.Record) string {
 // the sweep finds its row without a Student and releases it, as the Student asked,
 // instead of deleting it.
 func TestLostFinalizerKeepsOrphanRow(t *testing.T) {
-	forEachBackend(t, testLostFinalizerKeepsOrphanRow)
+	registrytest.ForEach(t, pg, testLostFinalizerKeepsOrphanRow)
 }
 
-func testLostFinalizerKeepsOrphanRow(t *testing.T, b backend) {
+func testLostFinalizerKeepsOrphanRow(t *testing.T, b registrytest.Backend) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	url, db := b.newRegistry(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := b.New(t)
 	c := startController(t, controllerOptions{registryURL: url, namespace: ns, sweepInterval: 500 * time.Millisecond})
 	createMany(t, ns, 2, "d")
 	if _, err := students(ns).Create(ctx, newStudent("kept", "深圳中学", studentv1.DeletionPolicyOrphan), metav1.CreateOptions{}); err != nil {
@@ -152,7 +154,7 @@ func testLostFinalizerKeepsOrphanRow(t *testing.T, b backend) {
 // deletion finishes with its row released as last written.
 func TestControlCharactersRefused(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	for _, spec := range []studentv1.StudentSpec{{Name: "a\x00b", School: "s"}, {Name: "a", School: "line\nbreak"}} {
 		_, err := students(ns).Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{GenerateName: "control-"}, Spec: spec}, metav1.CreateOptions{})
 		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "control characters") {
@@ -161,8 +163,8 @@ func TestControlCharactersRefused(t *testing.T) {
 	}
 
 	// On PostgreSQL, with an Orphan Student whose spec got a NUL past an older CRD.
-	pgBackend := backends()[1]
-	url, db := pgBackend.newRegistry(t)
+	pgBackend := registrytest.PostgresBackend(pg)
+	url, db := pgBackend.New(t)
 	startController(t, controllerOptions{registryURL: url, namespace: ns})
 	if _, err := students(ns).Create(ctx, newStudent("older", "深圳中学", studentv1.DeletionPolicyOrphan), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -229,9 +231,9 @@ func withoutControlRule(t *testing.T, fn func()) {
 // and a controller started with the new mark takes them over; without it every row
 // would stay RowOwnedElsewhere, and the rows of Delete Students would outlive them.
 func TestRenameOwner(t *testing.T) {
-	ns := newNamespace(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
-	db := rawDB(t, path)
+	db := registrytest.OpenSQLite(t, path)
 	run := func(owner string) *process {
 		return startProcess(t, "controller "+owner, "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
 			"--registry", "sqlite://"+path, "--registry-owner", owner)
@@ -245,7 +247,7 @@ func TestRenameOwner(t *testing.T) {
 	}
 
 	const renamed = "renamed-controller"
-	out, err := exec.Command(controllerBinary(t), "registry", "rename-owner", "--registry", "sqlite://"+path,
+	out, err := exec.Command(ctrlbin.Binary(t), "registry", "rename-owner", "--registry", "sqlite://"+path,
 		"--registry-owner", owner, "--to", renamed).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "2 rows") {
 		t.Fatalf("registry rename-owner: %v\n%s", err, out)
@@ -273,8 +275,8 @@ func TestRenameOwner(t *testing.T) {
 // the server is up it opens the registry, becomes ready and syncs.
 func TestStartsBeforeTheRegistry(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	url, db := backends()[1].newRegistry(t)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	url, db := registrytest.PostgresBackend(pg).New(t)
 	if err := pg.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -286,16 +288,16 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 	}()
 	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--registry", url, "--registry-owner", owner)
 	waitFor(t, 10*time.Second, "the probes to answer", func() bool {
-		code, _, err := get("http://" + p.probeAddr + "/healthz")
+		code, _, err := get("http://" + p.ProbeAddr + "/healthz")
 		return err == nil && code == 200
 	})
 	time.Sleep(3 * time.Second) // a few attempts to open the registry
 	select {
-	case <-p.exited:
-		t.Fatalf("the controller exited while the registry was down: %v", p.exitErr)
+	case <-p.Exited():
+		t.Fatalf("the controller exited while the registry was down: %v", p.ExitErr())
 	default:
 	}
-	if code, body, err := get("http://" + p.probeAddr + "/readyz"); err != nil || code != 503 {
+	if code, body, err := get("http://" + p.ProbeAddr + "/readyz"); err != nil || code != 503 {
 		t.Errorf("/readyz with the registry down: %d %q %v, want 503", code, body, err)
 	}
 	if err := pg.Start(ctx); err != nil {
@@ -306,7 +308,7 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertRowsMatch(t, db, waitAllReady(t, ns, 1, time.Minute))
-	if code, _, err := get("http://" + p.probeAddr + "/readyz"); err != nil || code != 200 {
+	if code, _, err := get("http://" + p.ProbeAddr + "/readyz"); err != nil || code != 200 {
 		t.Errorf("/readyz once the registry is up: %d %v, want 200", code, err)
 	}
 }
@@ -325,7 +327,7 @@ func TestAdmissionPolicyScoped(t *testing.T) {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
 	for _, ns := range []string{"school-a", "school-b"} {
-		if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		if err := testenv.EnsureNamespace(ctx, kube, ns); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -19,6 +19,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 // The controller's identity in a cluster, from config/rbac.
@@ -35,10 +37,7 @@ type identity struct {
 
 // installRBAC applies config/rbac, exactly as shipped, with kubectl.
 func installRBAC(ctx context.Context) error {
-	_, err := kubeClient().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
-		ObjectMeta: metav1.ObjectMeta{Name: systemNamespace},
-	}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := testenv.EnsureNamespace(ctx, kubeClient(), systemNamespace); err != nil {
 		return err
 	}
 	out, err := exec.CommandContext(ctx, "kubectl", "--kubeconfig", env.Kubeconfig,

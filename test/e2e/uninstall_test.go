@@ -12,12 +12,13 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
@@ -39,7 +40,7 @@ func newUninstallCluster(t *testing.T) *uninstallCluster {
 	cp := ownControlPlane(t, controlplane.Options{})
 	u := &uninstallCluster{cp: cp, kube: kubernetes.NewForConfigOrDie(cp.Config), students: versioned.NewForConfigOrDie(cp.Config),
 		registry: filepath.Join(t.TempDir(), "registry.db"), uids: map[string]studentv1.DeletionPolicy{}}
-	u.db = rawDB(t, u.registry)
+	u.db = registrytest.OpenSQLite(t, u.registry)
 	u.args = []string{"--kubeconfig", cp.Kubeconfig, "--registry", "sqlite://" + u.registry, "--registry-owner", owner}
 	return u
 }
@@ -50,7 +51,7 @@ func (u *uninstallCluster) populate(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
 	for _, ns := range []string{"school-a", "school-b"} {
-		if _, err := u.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		if err := testenv.EnsureNamespace(ctx, u.kube, ns); err != nil {
 			t.Fatal(err)
 		}
 		for i, policy := range []studentv1.DeletionPolicy{"Delete", "Delete", "Orphan", "Delete", "Orphan"} {

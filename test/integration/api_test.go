@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"sigs.k8s.io/yaml"
 
+	"github.com/student-controller/student-controller/internal/testenv"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
@@ -68,7 +69,7 @@ func crdCondition(crd *apiextensionsv1.CustomResourceDefinition, t apiextensions
 func TestClassicManifest(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := newClients(t)
-	ns := newNamespace(ctx, t, c)
+	ns := testenv.Namespace(t, c.kube, "test-")
 
 	raw, err := os.ReadFile(filepath.Join(env.Root, "config", "samples", "zhang-san.yaml"))
 	if err != nil {
@@ -105,7 +106,7 @@ func TestClassicManifest(t *testing.T) {
 func TestValidation(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := newClients(t)
-	ns := newNamespace(ctx, t, c)
+	ns := testenv.Namespace(t, c.kube, "test-")
 
 	valid := func() map[string]any { return map[string]any{"name": "张三", "school": "深圳中学"} }
 	with := func(key string, value any) map[string]any {
@@ -180,7 +181,7 @@ func TestValidation(t *testing.T) {
 func TestStatusSubresource(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := newClients(t)
-	ns := newNamespace(ctx, t, c)
+	ns := testenv.Namespace(t, c.kube, "test-")
 	students := c.student.BolingcavalryV1().Students(ns)
 
 	created, err := students.Create(ctx, &studentv1.Student{

@@ -24,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2/ktesting"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 const (
@@ -132,7 +134,9 @@ func substance(t *testing.T, manifests string) map[string]map[string]any {
 func TestChartDryRunServer(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := newClients(t)
-	ensureNamespace(ctx, t, c, chartNS)
+	if err := testenv.EnsureNamespace(ctx, c.kube, chartNS); err != nil {
+		t.Fatal(err)
+	}
 	rendered := helm(ctx, t, "template", chartRelease, chartDir, "--namespace", chartNS, "--include-crds", "--kube-version", kubeVersion)
 	cmd := exec.CommandContext(ctx, "kubectl", "--kubeconfig", env.Kubeconfig, "apply", "--dry-run=server", "-f", "-")
 	cmd.Stdin = strings.NewReader(rendered)
@@ -181,15 +185,6 @@ func TestChartInstallUninstall(t *testing.T) {
 		t.Errorf("the CRD went with the release: %v", err)
 	}
 	_ = c.kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
-}
-
-// ensureNamespace creates a namespace unless it exists.
-func ensureNamespace(ctx context.Context, t *testing.T, c clients, name string) {
-	t.Helper()
-	_, err := c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
 }
 
 // TestChartKeepsTheRegistry: the chart keeps one registry that outlives its Pods: with

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/student-controller/student-controller/internal/testenv"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	applyv1 "github.com/student-controller/student-controller/pkg/generated/applyconfiguration/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
@@ -24,7 +25,7 @@ import (
 func TestGeneratedClient(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := newClients(t)
-	ns := newNamespace(ctx, t, c)
+	ns := testenv.Namespace(t, c.kube, "test-")
 	students := c.student.BolingcavalryV1().Students(ns)
 
 	list, err := students.List(ctx, metav1.ListOptions{})

@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2/ktesting"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/student-controller/student-controller/internal/testenv"
 )
 
 // TestDeployDryRun: the API server accepts everything in config/default. (A server-side
@@ -27,7 +29,9 @@ import (
 func TestDeployDryRun(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := newClients(t)
-	ensureNamespace(ctx, t, c, "student-controller-system")
+	if err := testenv.EnsureNamespace(ctx, c.kube, "student-controller-system"); err != nil {
+		t.Fatal(err)
+	}
 	out := kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "default"))
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "postgres"))
 	for _, want := range []string{

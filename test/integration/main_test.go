@@ -1,13 +1,10 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -47,19 +44,4 @@ func newClients(t *testing.T) clients {
 		student: versioned.NewForConfigOrDie(env.Config),
 		dynamic: dynamic.NewForConfigOrDie(env.Config),
 	}
-}
-
-// newNamespace creates a namespace for one test and deletes it when the test ends.
-func newNamespace(ctx context.Context, t *testing.T, c clients) string {
-	t.Helper()
-	ns, err := c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "test-"},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = c.kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
-	})
-	return ns.Name
 }

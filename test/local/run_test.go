@@ -20,14 +20,13 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/student-controller/student-controller/internal/testenv"
-	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 )
 
 // TestMakeRun runs `make run`, follows the printed instructions from "another
 // terminal" (kubectl get stu with the printed kubeconfig, the printed registry file),
 // then presses Ctrl-C and checks that nothing it started is left running.
 func TestMakeRun(t *testing.T) {
-	root, err := controlplane.RepoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

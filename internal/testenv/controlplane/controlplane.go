@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
 // Env is a running control plane with the Student CRD installed.
@@ -26,7 +28,7 @@ type Env struct {
 
 	env *envtest.Environment
 	dir string
-	kcm *process
+	kcm *proc.Process
 }
 
 // Options say where a control plane keeps its state. The zero value keeps it in
@@ -57,7 +59,7 @@ func Start(opts Options) (*Env, error) {
 	root := opts.Root
 	if root == "" {
 		var err error
-		if root, err = RepoRoot(); err != nil {
+		if root, err = testenv.RepoRoot(); err != nil {
 			return nil, err
 		}
 	}
@@ -127,30 +129,17 @@ func Start(opts Options) (*Env, error) {
 }
 
 // ControllerManagerLog is the path of kube-controller-manager's log.
-func (e *Env) ControllerManagerLog() string { return e.kcm.log }
+func (e *Env) ControllerManagerLog() string { return e.kcm.LogPath() }
 
 // Stop stops the control plane and removes its temporary files.
 func (e *Env) Stop() error {
 	var err error
 	if e.kcm != nil {
-		err = e.kcm.stop(10 * time.Second)
+		err = e.kcm.Stop(10 * time.Second)
 	}
 	err = errors.Join(err, e.env.Stop())
 	if e.dir != "" {
 		err = errors.Join(err, os.RemoveAll(e.dir))
 	}
 	return err
-}
-
-// RepoRoot returns the repository's root folder, found from this source file.
-func RepoRoot() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("cannot locate the controlplane source file")
-	}
-	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		return "", fmt.Errorf("repository root not found from %s: %w", file, err)
-	}
-	return filepath.Clean(root), nil
 }

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/student-controller/student-controller/internal/testenv"
@@ -252,4 +253,19 @@ func (s *Server) Promote(ctx context.Context) error {
 		return fmt.Errorf("pg_ctl promote: %v\n%s", err, out)
 	}
 	return nil
+}
+
+// ForTest starts a server for one test (or benchmark) and stops it when that ends.
+func ForTest(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := Start(context.Background())
+	if err != nil {
+		tb.Fatalf("PostgreSQL is needed: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			tb.Errorf("stop PostgreSQL: %v", err)
+		}
+	})
+	return s
 }

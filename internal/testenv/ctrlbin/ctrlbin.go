@@ -1,0 +1,170 @@
+// Package ctrlbin builds the controller (and the bench's other programs) the one way
+// the tests, the chaos suite and the bench build it, and starts it with its own metrics
+// and probe addresses.
+package ctrlbin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/proc"
+)
+
+// Build is one `go build` of a package of this repository.
+type Build struct {
+	// Package is the package to build; ./cmd/student-controller when empty.
+	Package string
+	// Race builds with the race detector (the chaos suite's controllers).
+	Race bool
+	// Static builds with CGO_ENABLED=0, as the image ships the controller (the bench).
+	Static bool
+	// Root is the repository; found from this file when empty.
+	Root string
+	// Out is the binary's path; a file in a new temporary folder when empty.
+	Out string
+}
+
+// Run builds and returns the binary's path. ctx ending stops the build.
+func (b Build) Run(ctx context.Context) (string, error) {
+	pkg := b.Package
+	if pkg == "" {
+		pkg = "./cmd/student-controller"
+	}
+	root := b.Root
+	if root == "" {
+		var err error
+		if root, err = testenv.RepoRoot(); err != nil {
+			return "", err
+		}
+	}
+	out := b.Out
+	if out == "" {
+		dir, err := os.MkdirTemp("", "student-controller-bin-")
+		if err != nil {
+			return "", err
+		}
+		out = filepath.Join(dir, filepath.Base(pkg))
+	}
+	args := []string{"build", "-o", out}
+	if b.Race {
+		args = append(args, "-race")
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...) // #nosec G204 -- go build of this repository's packages
+	cmd.Dir = root
+	if b.Static {
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	}
+	if o, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go %v: %v\n%s", cmd.Args[1:], err, o)
+	}
+	return out, nil
+}
+
+var (
+	mu    sync.Mutex
+	built = map[Build]string{}
+)
+
+// Binary builds b once per test binary and returns its path; tb fails when it cannot.
+// The binaries go away with RemoveAll.
+func (b Build) Binary(tb testing.TB) string {
+	tb.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	if path, ok := built[b]; ok {
+		return path
+	}
+	path, err := b.Run(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	built[b] = path
+	return path
+}
+
+// Binary is the controller as Build{} makes it, once per test binary.
+func Binary(tb testing.TB) string {
+	tb.Helper()
+	return Build{}.Binary(tb)
+}
+
+// RemoveAll removes what Binary built; a TestMain calls it when the tests are done.
+func RemoveAll() error {
+	mu.Lock()
+	defer mu.Unlock()
+	var first error
+	for b, path := range built {
+		if b.Out == "" {
+			if err := os.RemoveAll(filepath.Dir(path)); err != nil && first == nil {
+				first = err
+			}
+		}
+		delete(built, b)
+	}
+	return first
+}
+
+// Controller is a controller process with metrics and probe addresses of its own.
+type Controller struct {
+	*proc.Process
+	MetricsAddr, ProbeAddr string
+}
+
+// New prepares the controller binary bin with args and free 127.0.0.1 metrics and
+// probe addresses (given after args, so they win); log and env are as in proc.Spec.
+// It does not start it.
+func New(name, bin, log string, args []string, env ...string) (*Controller, error) {
+	c := &Controller{}
+	for _, addr := range []*string{&c.MetricsAddr, &c.ProbeAddr} {
+		var err error
+		if *addr, err = testenv.FreeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	c.Process = proc.New(proc.Spec{
+		Name: name,
+		Path: bin,
+		Args: append(slices.Clone(args), "--metrics-bind-address", c.MetricsAddr, "--health-probe-bind-address", c.ProbeAddr),
+		Env:  env,
+		Log:  log,
+	})
+	return c, nil
+}
+
+// leaderScrapeTimeout bounds one look at a controller's metrics: a paused controller
+// must not stall the wait for another to lead.
+const leaderScrapeTimeout = 500 * time.Millisecond
+
+// Leading says whether c reports that it holds the Lease (its
+// leader_election_master_status is 1, which client-go sets once it has taken it).
+func (c *Controller) Leading() bool {
+	body, err := testenv.Scrape(c.MetricsAddr, leaderScrapeTimeout)
+	return err == nil && testenv.MetricSum(body, "leader_election_master_status", nil) == 1
+}
+
+// WaitLeader waits until one of cs other than not leads, and returns it with the time
+// it was first seen leading.
+func WaitLeader(ctx context.Context, timeout time.Duration, not *Controller, cs ...*Controller) (*Controller, time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, c := range cs {
+			if c != not && c.Leading() {
+				return c, time.Now(), nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, time.Time{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil, time.Time{}, fmt.Errorf("no controller took the lead within %v", timeout)
+}
