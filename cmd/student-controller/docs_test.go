@@ -25,7 +25,7 @@ const generatedNote = "<!-- Generated from the code by `make generate` (cmd/stud
 func TestFlagsDoc(t *testing.T) {
 	var opts options
 	fs := flag.NewFlagSet("student-controller", flag.ContinueOnError)
-	opts.addFlags(fs)
+	opts.addCommandFlags(fs)
 	logging := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(logging)
 

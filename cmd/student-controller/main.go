@@ -38,7 +38,7 @@ func main() {
 	}
 	klog.InitFlags(nil)
 	var opts options
-	opts.addFlags(flag.CommandLine)
+	opts.addCommandFlags(flag.CommandLine)
 	flag.Parse()
 	if opts.version {
 		fmt.Println(versionString())

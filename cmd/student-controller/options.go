@@ -101,7 +101,13 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"Serve /metrics over HTTPS and allow only callers that the API server authenticates (TokenReview) and authorizes (SubjectAccessReview, get on the /metrics URL).")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 turns them off.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0",
-		"Address of Go's /debug/pprof/ profiling endpoints, e.g. 127.0.0.1:6060; 0 (the default) turns them off. They are not authenticated: bind them to localhost.")
+		"Address of Go's /debug/pprof/ profiling endpoints, e.g. 127.0.0.1:6060; 0 (the default) turns them off. They are not authenticated: bind them to localhost. The heap profile is sampled only while they are on.")
+}
+
+// addCommandFlags adds the flags of the controller's own command line: addFlags', and
+// --version (which the registry subcommands do not take).
+func (o *options) addCommandFlags(fs *flag.FlagSet) {
+	o.addFlags(fs)
 	fs.BoolVar(&o.version, "version", false, "Print the version and exit.")
 }
 

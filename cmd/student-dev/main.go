@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
 func main() {
@@ -89,25 +90,25 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr st
 		"--metrics-bind-address", metricsAddr,
 		"--sweep-interval", "1m",
 	}, extra...)
-	ctrl := exec.Command(controllerBin, args...)
-	ctrl.Stdout, ctrl.Stderr = os.Stdout, os.Stderr
-	// Its own process group, so that Ctrl-C reaches it only through us, after which
-	// we wait for it to drain; and it dies with us if we are killed.
-	ctrl.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := ctrl.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", controllerBin, err)
+	// Its own process group, so that Ctrl-C reaches it only through us, after which we
+	// wait for it to drain; and it dies with us if we are killed. Its output is ours.
+	ctrl, err := proc.Start(proc.Spec{Name: "student-controller", Path: controllerBin, Args: args, Tee: os.Stdout, DeathSignal: syscall.SIGTERM})
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	var exitErr error
-	go func() {
-		exitErr = ctrl.Wait()
-		close(exited)
-	}()
-
-	if err := waitReady(ctx, "http://"+probeAddr+"/readyz", exited); err != nil {
-		_ = ctrl.Process.Signal(syscall.SIGTERM)
-		<-exited
-		return errors.Join(err, exitErr)
+	ready, err := ctrl.WaitUntil(ctx, 2*time.Minute, func() bool {
+		resp, err := http.Get("http://" + probeAddr + "/readyz") // #nosec G107 -- our own controller's probe on loopback
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	if err == nil && !ready {
+		err = fmt.Errorf("student-controller not ready after 2 minutes (http://%s/readyz)", probeAddr)
+	}
+	if err != nil {
+		return errors.Join(err, ctrl.Stop(time.Minute))
 	}
 	fmt.Printf(`
 student-controller is running. From another terminal:
@@ -121,44 +122,16 @@ Press Ctrl-C to stop.
 `, kubeconfig, registryFile, metricsAddr, probeAddr)
 
 	select {
-	case <-exited:
-		return fmt.Errorf("student-controller exited: %v", exitErr)
+	case <-ctrl.Exited():
+		return fmt.Errorf("student-controller exited: %v", ctrl.ExitErr())
 	case <-ctx.Done():
 	}
 	say("Stopping student-controller")
-	_ = ctrl.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-exited:
-		if exitErr != nil {
-			return fmt.Errorf("student-controller: %w", exitErr)
-		}
-	case <-time.After(time.Minute):
-		_ = ctrl.Process.Kill()
-		<-exited
-		return errors.New("student-controller did not stop within a minute; killed it")
+	if err := ctrl.Stop(time.Minute); err != nil {
+		return err
+	}
+	if err := ctrl.ExitErr(); err != nil {
+		return fmt.Errorf("student-controller: %w", err)
 	}
 	return nil
-}
-
-// waitReady polls the controller's /readyz until it answers 200.
-func waitReady(ctx context.Context, url string, exited <-chan struct{}) error {
-	deadline := time.After(2 * time.Minute)
-	for {
-		resp, err := http.Get(url) // #nosec G107 -- our own controller's probe on loopback
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-exited:
-			return errors.New("student-controller exited before it was ready")
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline:
-			return fmt.Errorf("student-controller not ready after 2 minutes (%s)", url)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }

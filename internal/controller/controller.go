@@ -307,8 +307,7 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SyncTimeout)
 	defer cancel()
 	started := time.Now()
-	// Refused before it reads anything: a replica that may not write has nothing to do.
-	err := c.write.allowed()
+	err := c.mayStart()
 	if err == nil {
 		err = c.sync(syncCtx, key)
 	}
@@ -353,6 +352,11 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	c.cfg.Metrics.observeSync(result, time.Since(started))
 	return true
 }
+
+// mayStart refuses a unit of work (a sync, a sweep) before it reads anything when this
+// replica may not write: it would have nothing to do, and a sweep on a cache as old as
+// a pause would take live rows for orphans.
+func (c *Controller) mayStart() error { return c.write.allowed() }
 
 // terminalError is a sync failure that retrying cannot fix.
 type terminalError struct{ err error }

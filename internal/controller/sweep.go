@@ -105,6 +105,10 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		c.queue.Add(key)
 	}
 
+	if err := c.mayStart(); err != nil {
+		// The next leader's sweep does it, or this one's once it has renewed.
+		return result, fmt.Errorf("sweep: %w", err)
+	}
 	if bound := c.sweepBound(len(rows)); len(plan.Orphans) > bound {
 		result.Refused = true
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -604,17 +605,47 @@ func TestNotLeading(t *testing.T) {
 		})
 	}
 
-	t.Run("sweep", func(t *testing.T) {
-		f := newFixture(t)
-		if _, err := f.registry.Upsert(f.ctx, recordOf(owner, newStudent("gone"))); err != nil {
+	// A sweep is refused before it judges anything: by a cache as old as a pause, live
+	// rows look like orphans, and a refusal for too many would raise an alert for
+	// nothing. The fixture's bound is 2 rows.
+	for name, orphans := range map[string]int{"sweep, no orphan": 0, "sweep, one orphan": 1, "sweep, more orphans than the bound": 5} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			for i := range orphans {
+				f.put(recordOf(owner, newStudent(fmt.Sprintf("gone-%d", i))))
+			}
+			f.client.ClearActions()
+			f.ctrl.write.leading = func() error { return errors.New("another replica leads") }
+			result, err := f.ctrl.Sweep(f.ctx)
+			if !errors.Is(err, ErrNotLeading) {
+				t.Errorf("sweep while not leading: %v, want ErrNotLeading", err)
+			}
+			if result.Refused {
+				t.Error("the sweep reported a refusal while not leading")
+			}
+			if got := len(f.rows()); got != orphans {
+				t.Errorf("rows after a sweep while not leading: %d, want the %d it found", got, orphans)
+			}
+			if got := f.client.Actions(); len(got) != 0 {
+				t.Errorf("API requests of a sweep while not leading: %v, want none", got)
+			}
+		})
+	}
+
+	// Config.Leading is what New hands to the write path.
+	t.Run("config", func(t *testing.T) {
+		f := newFixture(t, newStudent("a"))
+		c, err := New(f.ctx, f.client, f.factory.Bolingcavalry().V1().Students(), f.registry, f.recorder,
+			Config{Owner: owner, Leading: func() error { return errors.New("not yet") }})
+		if err != nil {
 			t.Fatal(err)
 		}
-		f.ctrl.write.leading = func() error { return errors.New("another replica leads") }
-		if _, err := f.ctrl.Sweep(f.ctx); !errors.Is(err, ErrNotLeading) {
-			t.Errorf("sweep while not leading: %v, want ErrNotLeading", err)
+		defer c.queue.ShutDown()
+		if err := c.sync(f.ctx, "school/a"); !errors.Is(err, ErrNotLeading) {
+			t.Errorf("sync of a controller whose Config.Leading refuses: %v, want ErrNotLeading", err)
 		}
-		if got := len(f.rows()); got != 1 {
-			t.Errorf("the sweep deleted the orphan row while not leading: %d rows left", got)
+		if got := f.writes(); len(got) != 0 {
+			t.Errorf("API writes: %v, want none", got)
 		}
 	})
 }

@@ -28,8 +28,8 @@ type writes struct {
 }
 
 // allowed asks Config.Leading whether this replica may write now (ErrNotLeading if
-// not). guard asks it before every write, and processNextWorkItem before a sync starts;
-// nothing else does.
+// not). guard asks it before every write, and Controller.mayStart before a sync or a
+// sweep starts; nothing else does.
 func (w *writes) allowed() error {
 	if w.leading == nil {
 		return nil
@@ -89,7 +89,8 @@ func (w *writes) updateStatus(ctx context.Context, s *studentv1.Student) (*stude
 	})
 }
 
-// event posts an Event on obj; a replica that may not write sends none.
+// event posts an Event on obj; a replica that may not write sends none (an Event is a
+// write too), so one that follows a write done just before the gate closed is lost.
 func (w *writes) event(obj runtime.Object, eventType, reason, message string) {
 	_, _ = guard(w, func() (struct{}, error) {
 		w.recorder.Event(obj, eventType, reason, message)

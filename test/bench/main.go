@@ -125,6 +125,7 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 		_, err := measureSweeps(ctx, n, scratch)
 		return err
 	}
+	rev := revision() // what is built now, not what the tree holds once the run is over
 	bins, err := build(ctx, root, scratch)
 	if err != nil {
 		return err
@@ -179,7 +180,7 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 	if inv.only != "" {
 		return nil // a partial run is not a result
 	}
-	return writeResults(outDir, n, phase, results, sweeps, left)
+	return writeResults(outDir, n, phase, rev, results, sweeps, left)
 }
 
 // onlySweep is the name -only takes to time the sweeps alone.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,7 +42,7 @@ type skipped struct {
 	Why  string `json:"why"`
 }
 
-func writeResults(dir string, n int, phase time.Duration, results []*result, sweeps []sweepResult, left []skipped) error {
+func writeResults(dir string, n int, phase time.Duration, rev string, results []*result, sweeps []sweepResult, left []skipped) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -57,7 +58,7 @@ func writeResults(dir string, n int, phase time.Duration, results []*result, swe
 			r.RatioToStatusFloor = r.ProjectedSeconds / f.ProjectedSeconds
 		}
 	}
-	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Build: revision(), N: n, PhaseTimeout: phase.String(), Results: results, Sweeps: sweeps, Skipped: left}
+	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Build: rev, N: n, PhaseTimeout: phase.String(), Results: results, Sweeps: sweeps, Skipped: left}
 	return render(dir, rep)
 }
 
@@ -113,7 +114,7 @@ func render(dir string, rep report) error {
 	// What was learned from this run beyond its figures (profiles, logs) is written by
 	// hand beside it, not compiled into the bench.
 	if _, err := os.Stat(filepath.Join(dir, name+"-notes.md")); err == nil {
-		md += fmt.Sprintf("\nWhat this run's profiles and logs showed: [%s-notes.md](%s-notes.md).\n", name, name)
+		md += fmt.Sprintf("\nNotes written by hand on runs at this N (each says which run and build it describes): [%s-notes.md](%s-notes.md).\n", name, name)
 	}
 	if err := os.WriteFile(filepath.Join(dir, name+".md"), []byte(md), 0o644); err != nil {
 		return err
@@ -383,13 +384,19 @@ func methods(m map[string]float64) string {
 	return strings.Join(parts, ", ")
 }
 
-// revision names the commit the contenders are built from; empty outside a git checkout.
+// revision names the commit the contenders are built from, "-dirty" when tracked files
+// other than the results differ from it; empty outside a git checkout.
 func revision() string {
-	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(out))
+	rev := strings.TrimSpace(string(out))
+	changed, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results").Output()
+	if err == nil && len(bytes.TrimSpace(changed)) > 0 {
+		rev += "-dirty"
+	}
+	return rev
 }
 
 func machine() string {

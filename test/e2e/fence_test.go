@@ -37,7 +37,7 @@ func TestFencedWrite(t *testing.T) {
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"--sync-timeout=2m", // the blocked write must outlast the takeover
 	}
-	a, b := startReplicas(t, args)
+	a, b := startReplicas(t, ns, args)
 	if _, err := db.ExecContext(ctx, `
 		CREATE TABLE audit (uid TEXT, op TEXT, generation BIGINT, school TEXT);
 		CREATE FUNCTION audit_students() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -30,7 +30,7 @@ func TestLeaderElection(t *testing.T) {
 	}
 	const leaseDuration = 15 * time.Second // the default
 
-	a, b := startReplicas(t, args)
+	a, b := startReplicas(t, ns, args)
 
 	createMany(t, ns, 5, "s")
 	waitAllReady(t, ns, 5, time.Minute)
@@ -85,12 +85,17 @@ func TestLeaderElection(t *testing.T) {
 	assertRowsMatch(t, registrytest.OpenSQLite(t, path), waitAllReady(t, ns, 7, 10*time.Second))
 }
 
-// startReplicas starts replica a, waits until it leads, then starts replica b and waits
-// until it is ready as a standby.
-func startReplicas(t *testing.T, args []string) (a, b *process) {
+// startReplicas starts replica a, waits until it leads (and the Lease student-controller
+// in namespace leaseNS names a holder), then starts replica b and waits until it is
+// ready as a standby.
+func startReplicas(t *testing.T, leaseNS string, args []string) (a, b *process) {
 	t.Helper()
 	a = startProcess(t, "replica-a", args...)
 	waitLeader(t, nil, a)
+	lease, err := kubeClient().CoordinationV1().Leases(leaseNS).Get(context.Background(), "student-controller", metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+		t.Fatalf("replica a leads, but the Lease %s/student-controller has no holder: %v", leaseNS, err)
+	}
 	b = startProcess(t, "replica-b", args...)
 	waitFor(t, 30*time.Second, "replica b to be ready as a standby", func() bool {
 		code, _, _ := get("http://" + b.ProbeAddr + "/readyz")
@@ -163,7 +168,7 @@ func TestPausedLeader(t *testing.T) {
 		"--leader-elect-lease-duration", leaseDuration.String(), "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"-v=7", // every request is logged before it is sent
 	}
-	a, b := startReplicas(t, args)
+	a, b := startReplicas(t, leaseNS, args)
 	createMany(t, ns, 20, "s")
 	waitAllReady(t, ns, 20, time.Minute)
 

@@ -33,7 +33,7 @@ type Build struct {
 }
 
 // Run builds and returns the binary's path. ctx ending stops the build.
-func (b Build) Run(ctx context.Context) (string, error) {
+func (b Build) Run(ctx context.Context) (path string, err error) {
 	pkg := b.Package
 	if pkg == "" {
 		pkg = "./cmd/student-controller"
@@ -52,6 +52,11 @@ func (b Build) Run(ctx context.Context) (string, error) {
 			return "", err
 		}
 		out = filepath.Join(dir, filepath.Base(pkg))
+		defer func() {
+			if path == "" {
+				_ = os.RemoveAll(dir) // the build failed: nothing to keep
+			}
+		}()
 	}
 	args := []string{"build", "-o", out}
 	if b.Race {
@@ -71,6 +76,9 @@ func (b Build) Run(ctx context.Context) (string, error) {
 var (
 	mu    sync.Mutex
 	built = map[Build]string{}
+	// failed keeps a failed build's error, so that the other tests fail at once rather
+	// than each building again.
+	failed = map[Build]error{}
 )
 
 // Binary builds b once per test binary and returns its path; tb fails when it cannot.
@@ -82,8 +90,12 @@ func (b Build) Binary(tb testing.TB) string {
 	if path, ok := built[b]; ok {
 		return path
 	}
+	if err := failed[b]; err != nil {
+		tb.Fatal(err)
+	}
 	path, err := b.Run(context.Background())
 	if err != nil {
+		failed[b] = err
 		tb.Fatal(err)
 	}
 	built[b] = path

@@ -32,12 +32,14 @@ type Spec struct {
 	Env []string
 	// Log is the file its output goes to: the first Start truncates it, a later one
 	// appends after a line "=== NAME starts at TIME". Empty: the output is kept in
-	// memory.
+	// memory, unless Tee takes it.
 	Log string
 	// Tee also gets the output, when set (make run shows it on the terminal).
 	Tee io.Writer
 	// DeathSignal reaches the program when the process that started it dies, even
-	// killed without cleaning up; SIGKILL when 0.
+	// killed without cleaning up (a test binary past its -timeout); SIGKILL when 0.
+	// Linux sends it when the OS thread that started the program exits, which Go does
+	// only for a goroutine that exits while locked to its thread: nothing here does.
 	DeathSignal syscall.Signal
 }
 
@@ -60,7 +62,7 @@ type Process struct {
 // New returns a Process of s that has not started.
 func New(s Spec) *Process {
 	p := &Process{spec: s}
-	if s.Log == "" {
+	if s.Log == "" && s.Tee == nil {
 		p.mem = &testenv.Output{}
 	}
 	return p
@@ -79,7 +81,10 @@ func (p *Process) Start() error {
 	if p.cmd != nil && !closed(p.exited) {
 		return fmt.Errorf("%s is already running", p.spec.Name)
 	}
-	var out io.Writer = p.mem
+	var out io.Writer = io.Discard
+	if p.mem != nil {
+		out = p.mem
+	}
 	var file *os.File
 	if p.spec.Log != "" {
 		flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
@@ -100,6 +105,9 @@ func (p *Process) Start() error {
 	}
 	cmd := exec.Command(p.spec.Path, p.spec.Args...) // #nosec G204 -- the tests' own programs
 	cmd.Stdout, cmd.Stderr = out, out
+	// Output through a pipe (memory, Tee) is read until every holder of the pipe has
+	// closed it: a grandchild that keeps it must not hold up Wait for ever.
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = append(os.Environ(), p.spec.Env...)
 	death := p.spec.DeathSignal
 	if death == 0 {
@@ -235,13 +243,17 @@ func (p *Process) WaitUntil(ctx context.Context, timeout time.Duration, cond fun
 	}
 }
 
-// Output is everything the program has written, over all its runs.
+// Output is everything the program has written, over all its runs ("" when only Tee
+// has it).
 func (p *Process) Output() string {
-	if p.mem != nil {
+	switch {
+	case p.mem != nil:
 		return p.mem.String()
+	case p.spec.Log != "":
+		b, _ := os.ReadFile(p.spec.Log) // #nosec G304 -- the log this package writes
+		return string(b)
 	}
-	b, _ := os.ReadFile(p.spec.Log) // #nosec G304 -- the log this package writes
-	return string(b)
+	return ""
 }
 
 // Tail is the last lines of Output.
@@ -255,8 +267,11 @@ type Usage struct {
 
 // Usage reads the current run's memory and CPU time; zero once it has exited.
 func (p *Process) Usage() Usage {
-	pid := p.Pid()
 	var u Usage
+	if exited := p.Exited(); exited == nil || closed(exited) {
+		return u // its process ID may be another program's by now
+	}
+	pid := p.Pid()
 	if f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status")); err == nil {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
