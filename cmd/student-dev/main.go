@@ -60,9 +60,7 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr st
 
 	say("Starting the local control plane from bin/k8s: etcd, kube-apiserver, and kube-controller-manager running %s (data in %s)",
 		strings.Join(controlplane.Controllers, " and "), state)
-	env, err := controlplane.Start(controlplane.Options{
-		Root: root, EtcdDataDir: filepath.Join(state, "etcd"), Kubeconfig: kubeconfig, LogDir: state,
-	})
+	env, err := controlplane.Start(controlplane.Options{Root: root, Dir: state})
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
@@ -129,7 +130,7 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	c, err := startCluster(ctx, root, dir)
 	if c != nil {
 		t.Cleanup(func() {
-			if err := c.stop(); err != nil {
+			if err := c.Stop(); err != nil {
 				t.Error(err)
 			}
 		})
@@ -176,7 +177,7 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	args := []string{
 		"--kubeconfig", c.controllerKubeconfig,
 		"--registry", registryURL, "--registry-owner", owner,
-		"--leader-elect", "--leader-elect-namespace", systemNamespace,
+		"--leader-elect", "--leader-elect-namespace", controlplane.ControllerNamespace,
 		"--leader-elect-lease-duration", leaseDuration.String(),
 		"--leader-elect-renew-deadline", renewDeadline.String(),
 		"--leader-elect-retry-period", retryPeriod.String(),
@@ -385,25 +386,25 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 
 	case faultAPIServerStopped, faultAPIServerKilled:
 		if fault == faultAPIServerStopped {
-			err = c.apiserver.Stop(time.Minute)
+			err = c.APIServer.Stop(time.Minute)
 		} else {
-			err = c.apiserver.Kill()
+			err = c.APIServer.Kill()
 		}
 		if err != nil {
 			return time.Time{}, 0, err
 		}
 		time.Sleep(outage)
-		return time.Now(), 0, c.startAPIServer(ctx)
+		return time.Now(), 0, c.StartAPIServer(ctx)
 
 	case faultEtcdKilled:
-		if err := c.etcd.Kill(); err != nil {
+		if err := c.Etcd.Kill(); err != nil {
 			return time.Time{}, 0, err
 		}
 		time.Sleep(outage)
-		if err := c.startEtcd(ctx); err != nil {
+		if err := c.StartEtcd(ctx); err != nil {
 			return time.Time{}, 0, err
 		}
-		return time.Now(), 0, waitHealthy(ctx, c.apiserver, c.apiURL+"/readyz")
+		return time.Now(), 0, c.WaitReady(ctx)
 
 	case faultPostgresKilled:
 		if err := w.pg.Kill(); err != nil {

@@ -69,7 +69,7 @@ func TestMetricsNamedByAlertsAndDashboard(t *testing.T) {
 
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	leaseRBAC(t, ns)
-	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+	p := startProcess(t, "controller", "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), "--registry-owner", owner,
 		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", ns,
 		"--sweep-interval", "1s")

@@ -42,7 +42,7 @@ func TestBinary(t *testing.T) {
 	}
 
 	c, err := proc.Start(proc.Spec{Name: "controller", Path: bin, Args: []string{
-		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--metrics-bind-address=0", "--health-probe-bind-address=0",
+		"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--metrics-bind-address=0", "--health-probe-bind-address=0",
 		"--registry", "sqlite://" + path, "--registry-owner", owner, "-v", "2"}})
 	if err != nil {
 		t.Fatal(err)

@@ -81,7 +81,7 @@ func TestPostgresFailover(t *testing.T) {
 	setUp := func(t *testing.T) (*replicatedRegistry, string) {
 		ns := testenv.Namespace(t, kubeClient(), "e2e-")
 		r := newReplicatedRegistry(t)
-		startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+		startProcess(t, "controller", "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 			"--registry", r.url, "--registry-owner", owner, "--sweep-interval", "2s")
 		createMany(t, ns, 5, "before")
 		waitAllReady(t, ns, 5, time.Minute)

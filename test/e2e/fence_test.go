@@ -22,16 +22,18 @@ import (
 // without the fence there would be two of the new generation, the late one the old
 // leader's.
 //
-// SQLite has no such case: its writes run in the controller's process, which a pause
-// stops as a whole, and TestPausedLeader covers what a resumed leader does; the fence
-// check itself runs on both databases in the registry suite.
+// On SQLite a write that waits on another program's lock waits in the controller's
+// own process: a pause stops the wait with it, and on resume the write goes on. The
+// same fence check, in the same transaction, rolls it back (the registry suite's "a
+// write fenced by a newer writer" runs on both databases), and TestPausedLeader shows
+// that a resumed leader starts no new write.
 func TestFencedWrite(t *testing.T) {
 	ctx := context.Background()
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	url, db := registrytest.PostgresBackend(pg).New(t)
 	leaseRBAC(t, ns)
 	args := []string{
-		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+		"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 		"--registry", url, "--registry-owner", owner,
 		"--leader-elect", "--leader-elect-namespace", ns,
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",

@@ -37,7 +37,7 @@ var (
 	env *controlplane.Env
 	// controllerID is the controller's ServiceAccount with exactly the RBAC of
 	// config/rbac: every controller in these tests runs as it, never as an admin.
-	controllerID *identity
+	controllerID *controlplane.Identity
 	// pg is the PostgreSQL server behind the postgres registries.
 	pg *pgtest.Server
 )
@@ -60,17 +60,11 @@ func runTests(m *testing.M) int {
 		}
 	}()
 	ctx := context.Background()
-	if err := installRBAC(ctx); err != nil {
+	if err := env.InstallRBAC(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "student-controller-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if controllerID, err = serviceAccountIdentity(ctx, systemNamespace, serviceAccount, dir); err != nil {
+	if controllerID, err = env.ServiceAccount(ctx, systemNamespace, serviceAccount); err != nil {
 		fmt.Fprintf(os.Stderr, "end-to-end tests cannot run: %v\n", err)
 		return 1
 	}
@@ -89,22 +83,6 @@ func runTests(m *testing.M) int {
 		}
 	}()
 	return m.Run()
-}
-
-// ownControlPlane starts a control plane for one test that needs its own (flags of its
-// own, or a CRD it deletes), and stops it when the test ends.
-func ownControlPlane(t *testing.T, opts controlplane.Options) *controlplane.Env {
-	t.Helper()
-	cp, err := controlplane.Start(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cp.Stop(); err != nil {
-			t.Errorf("stop the control plane: %v", err)
-		}
-	})
-	return cp
 }
 
 // keepFuzzPipesFromChildren marks a fuzz worker's pipes to its coordinator (file
@@ -216,7 +194,7 @@ func startController(t *testing.T, opts controllerOptions) *running {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().WithName(t.Name())))
 
 	counter := &requestCounter{counts: map[string]int{}}
-	cfg := rest.CopyConfig(controllerID.config)
+	cfg := rest.CopyConfig(controllerID.Config)
 	cfg.WrapTransport = counter.wrap
 
 	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{})

@@ -82,7 +82,7 @@ func TestImage(t *testing.T) {
 	}
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
-	startBinary(t, "image-binary", bin, nil, "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+	startBinary(t, "image-binary", bin, nil, "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+path, "--registry-owner", owner)
 	if _, err := students(ns).Create(context.Background(), newStudent("from-the-image", "深圳中学", ""), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

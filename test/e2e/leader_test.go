@@ -24,7 +24,7 @@ func TestLeaderElection(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "registry.db")
 	leaseRBAC(t, ns)
 	args := []string{
-		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+		"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://" + path, "--registry-owner", owner,
 		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", ns,
 	}
@@ -162,7 +162,7 @@ func TestPausedLeader(t *testing.T) {
 	leaseRBAC(t, leaseNS)
 	const leaseDuration = 4 * time.Second
 	args := []string{
-		"--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+		"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://" + path, "--registry-owner", owner,
 		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", leaseNS,
 		"--leader-elect-lease-duration", leaseDuration.String(), "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",

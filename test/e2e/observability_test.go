@@ -26,12 +26,12 @@ func TestReadinessAndMetrics(t *testing.T) {
 	ctx := context.Background()
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
-	late, err := serviceAccountIdentity(ctx, systemNamespace, "late-bound", t.TempDir())
+	late, err := env.ServiceAccount(ctx, systemNamespace, "late-bound")
 	if err != nil {
 		t.Fatal(err)
 	}
 	pprofAddr := testenv.Addr(t)
-	p := startProcess(t, "controller", "--kubeconfig", late.kubeconfig, "--namespace", ns,
+	p := startProcess(t, "controller", "--kubeconfig", late.Kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+path, "--registry-owner", owner, "--pprof-bind-address", pprofAddr)
 
 	// Without RBAC the cache cannot sync: alive, not ready.
@@ -112,14 +112,14 @@ func TestSecureMetrics(t *testing.T) {
 	ctx := context.Background()
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	dir := t.TempDir()
-	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+	p := startProcess(t, "controller", "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 		"--registry", "sqlite://"+filepath.Join(dir, "registry.db"), "--metrics-secure")
 
-	scraper, err := serviceAccountIdentity(ctx, systemNamespace, "prometheus", dir)
+	scraper, err := env.ServiceAccount(ctx, systemNamespace, "prometheus")
 	if err != nil {
 		t.Fatal(err)
 	}
-	stranger, err := serviceAccountIdentity(ctx, systemNamespace, "stranger", dir)
+	stranger, err := env.ServiceAccount(ctx, systemNamespace, "stranger")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,10 +160,10 @@ func TestSecureMetrics(t *testing.T) {
 	if code, _ := scrape("not-a-token"); code != http.StatusUnauthorized {
 		t.Errorf("a bad token: status %d, want 401", code)
 	}
-	if code, _ := scrape(stranger.config.BearerToken); code != http.StatusForbidden {
+	if code, _ := scrape(stranger.Config.BearerToken); code != http.StatusForbidden {
 		t.Errorf("a ServiceAccount without the metrics-reader role: status %d, want 403", code)
 	}
-	code, body := scrape(scraper.config.BearerToken)
+	code, body := scrape(scraper.Config.BearerToken)
 	if code != http.StatusOK || !strings.Contains(body, "workqueue_depth") {
 		t.Errorf("the metrics reader: status %d, body %.200q", code, body)
 	}

@@ -41,7 +41,7 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 		t.Run(way.name, func(t *testing.T) {
 			db := registrytest.CreateDatabase(t, pg)
 			ns := testenv.Namespace(t, kubeClient(), "e2e-")
-			args := append([]string{"--registry", pg.URL(db, way.inURL), "--kubeconfig", controllerID.kubeconfig,
+			args := append([]string{"--registry", pg.URL(db, way.inURL), "--kubeconfig", controllerID.Kubeconfig,
 				"--namespace", ns, "--registry-owner", owner, "-v", "6"}, way.args...)
 			p := startProcessEnv(t, "controller", way.env, args...)
 

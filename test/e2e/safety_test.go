@@ -34,7 +34,7 @@ func TestWrongClusterDeletesNothing(t *testing.T) {
 	db := registrytest.OpenSQLite(t, path)
 	common := []string{"--registry", "sqlite://" + path, "--registry-owner", owner, "--sweep-interval", "500ms"}
 
-	a := startProcess(t, "controller of cluster A", append([]string{"--kubeconfig", controllerID.kubeconfig, "--namespace", ns}, common...)...)
+	a := startProcess(t, "controller of cluster A", append([]string{"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns}, common...)...)
 	createMany(t, ns, 3, "a")
 	assertRowsMatch(t, db, waitAllReady(t, ns, 3, time.Minute))
 	a.signal(syscall.SIGTERM)
@@ -43,7 +43,7 @@ func TestWrongClusterDeletesNothing(t *testing.T) {
 	}
 	before := rowsOf(t, db)
 
-	other := ownControlPlane(t, controlplane.Options{})
+	other := controlplane.ForTest(t, controlplane.Options{})
 	b := startProcess(t, "controller of cluster B", append([]string{"--kubeconfig", other.Kubeconfig}, common...)...)
 	select {
 	case <-b.Exited():
@@ -65,7 +65,7 @@ func TestWrongClusterDeletesNothing(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "is bound to cluster") {
 		t.Fatalf("registry move-cluster: %v\n%s", err, out)
 	}
-	a2 := startProcess(t, "controller of cluster A again", append([]string{"--kubeconfig", controllerID.kubeconfig, "--namespace", ns}, common...)...)
+	a2 := startProcess(t, "controller of cluster A again", append([]string{"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns}, common...)...)
 	if err := a2.wait(30 * time.Second); exitCode(err) != 1 {
 		t.Errorf("controller of cluster A after the move: %v, want exit 1", err)
 	}
@@ -235,7 +235,7 @@ func TestRenameOwner(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "registry.db")
 	db := registrytest.OpenSQLite(t, path)
 	run := func(owner string) *process {
-		return startProcess(t, "controller "+owner, "--kubeconfig", controllerID.kubeconfig, "--namespace", ns,
+		return startProcess(t, "controller "+owner, "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 			"--registry", "sqlite://"+path, "--registry-owner", owner)
 	}
 	old := run(owner)
@@ -286,7 +286,7 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 			_ = pg.Start(ctx)
 		}
 	}()
-	p := startProcess(t, "controller", "--kubeconfig", controllerID.kubeconfig, "--namespace", ns, "--registry", url, "--registry-owner", owner)
+	p := startProcess(t, "controller", "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--registry", url, "--registry-owner", owner)
 	waitFor(t, 10*time.Second, "the probes to answer", func() bool {
 		code, _, err := get("http://" + p.ProbeAddr + "/healthz")
 		return err == nil && code == 200
@@ -318,7 +318,7 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 // controller would ever remove (it would stay Terminating, and its namespace with it).
 func TestAdmissionPolicyScoped(t *testing.T) {
 	ctx := context.Background()
-	cp := ownControlPlane(t, controlplane.Options{WithoutAdmissionPolicy: true})
+	cp := controlplane.ForTest(t, controlplane.Options{WithoutAdmissionPolicy: true})
 	kube := kubernetes.NewForConfigOrDie(cp.Config)
 	stus := versioned.NewForConfigOrDie(cp.Config).BolingcavalryV1()
 	install := exec.Command(filepath.Join(cp.Root, "bin", "tools", "helm"), "install", "team-a", filepath.Join(cp.Root, "charts", "student-controller"),

@@ -37,7 +37,7 @@ type uninstallCluster struct {
 
 func newUninstallCluster(t *testing.T) *uninstallCluster {
 	t.Helper()
-	cp := ownControlPlane(t, controlplane.Options{})
+	cp := controlplane.ForTest(t, controlplane.Options{})
 	u := &uninstallCluster{cp: cp, kube: kubernetes.NewForConfigOrDie(cp.Config), students: versioned.NewForConfigOrDie(cp.Config),
 		registry: filepath.Join(t.TempDir(), "registry.db"), uids: map[string]studentv1.DeletionPolicy{}}
 	u.db = registrytest.OpenSQLite(t, u.registry)

@@ -32,24 +32,18 @@ import (
 // failurePolicy; so it waits until a server-side dry-run create of a Student comes back
 // with the finalizer.
 func (e *Env) InstallAdmissionPolicy(ctx context.Context) error {
-	return InstallAdmissionPolicy(ctx, e.Config, e.Root)
-}
-
-// InstallAdmissionPolicy is Env.InstallAdmissionPolicy for any API server that cfg
-// reaches as an administrator, with the policy from the repository at root.
-func InstallAdmissionPolicy(ctx context.Context, cfg *rest.Config, root string) error {
-	policy, binding, err := readAdmissionPolicy(filepath.Join(root, "config", "admission", "policy.yaml"))
+	policy, binding, err := readAdmissionPolicy(filepath.Join(e.Root, "config", "admission", "policy.yaml"))
 	if err != nil {
 		return err
 	}
-	client := kubernetes.NewForConfigOrDie(cfg).AdmissionregistrationV1()
+	client := kubernetes.NewForConfigOrDie(e.Config).AdmissionregistrationV1()
 	if err := createOrUpdate(ctx, client.MutatingAdmissionPolicies(), policy); err != nil {
 		return fmt.Errorf("install MutatingAdmissionPolicy %s: %w", policy.Name, err)
 	}
 	if err := createOrUpdate(ctx, client.MutatingAdmissionPolicyBindings(), binding); err != nil {
 		return fmt.Errorf("install MutatingAdmissionPolicyBinding %s: %w", binding.Name, err)
 	}
-	return waitForFinalizerOnCreate(ctx, cfg, true)
+	return waitForFinalizerOnCreate(ctx, e.Config, true)
 }
 
 // objects is what createOrUpdate needs of a typed client.
