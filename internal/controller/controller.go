@@ -121,9 +121,9 @@ type Controller struct {
 }
 
 // DefaultRateLimiter spaces the retries of one Student from half a second up to five
-// minutes: the registry is external I/O, where client-go's first retry after 5 milliseconds only adds
-// load to an outage, and 16 minutes is too long to notice recovery. An overall bucket
-// caps the retry rate across all Students.
+// minutes: the registry is external I/O, where client-go's first retry after 5
+// milliseconds only adds load to an outage, and 16 minutes is too long to notice
+// recovery. An overall bucket caps the retry rate across all Students.
 func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 	return workqueue.NewTypedMaxOfRateLimiter(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 5*time.Minute),

@@ -97,11 +97,11 @@ func (p *Process) Start() error {
 		}
 		out = file
 	}
-	if p.runs > 0 {
-		fmt.Fprintf(out, "\n=== %s starts at %s\n", p.spec.Name, time.Now().Format(time.RFC3339Nano))
-	}
 	if p.spec.Tee != nil {
 		out = io.MultiWriter(out, p.spec.Tee)
+	}
+	if p.runs > 0 {
+		fmt.Fprintf(out, "\n=== %s starts at %s\n", p.spec.Name, time.Now().Format(time.RFC3339Nano))
 	}
 	cmd := exec.Command(p.spec.Path, p.spec.Args...) // #nosec G204 -- the tests' own programs
 	cmd.Stdout, cmd.Stderr = out, out
