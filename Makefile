@@ -46,6 +46,14 @@ controlplane: ## Build etcd, kube-apiserver and kube-controller-manager into bin
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
+.PHONY: node
+node: controlplane packages ## Build kube-scheduler, kubelet and kube-proxy into bin/k8s too (minutes the first time), and install the node's Debian packages when missing.
+	hack/build-controlplane.sh node
+
+.PHONY: packages
+packages: ## Install the Debian packages the tests and the node run (PostgreSQL, sqlite3, containerd, runc, CNI plugins, nftables) when missing; root only.
+	hack/install-packages.sh
+
 .PHONY: build
 build: ## Build the controller (bin/student-controller) and the local launcher (bin/student-dev).
 	CGO_ENABLED=0 go build -ldflags "-X main.version=$(VERSION)" -o bin/student-controller ./cmd/student-controller
@@ -76,7 +84,7 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 	hack/install-tools.sh helm
 
 .PHONY: test
-test: controlplane helm ## Run every test: unit, integration against the real control plane, codegen checks.
+test: node helm ## Run every test: unit, integration against the real control plane, the node suite (root), codegen checks.
 	go test -race -timeout 30m $(GO_TEST_FLAGS) ./...
 	cd hack/tools/image && go test $(GO_TEST_FLAGS) ./...
 

@@ -8,6 +8,13 @@
 //
 // It writes an OCI image layout to -out, prints the image's digest (sha256:...), and
 // with -push copies the image to a registry (credentials as docker and crane find them).
+// -entrypoint, -user and -title make another one-binary image the same way (the local
+// node's pause image).
+//
+//	image -serve 127.0.0.1:5000
+//
+// serves a registry, in memory, until it is stopped: the local node's containerd pulls
+// its images from it, as a cluster's nodes pull from theirs.
 package main
 
 import (
@@ -17,12 +24,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -32,11 +43,15 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// The image's user: the nonroot user of distroless images, above the host's IDs.
-const user = "65532:65532"
-
-// entrypoint is where the binary lives in the image.
-const entrypoint = "/student-controller"
+// image says what goes into an image besides its binary.
+type image struct {
+	// Entrypoint is where the binary lives in the image.
+	Entrypoint string
+	// User runs it.
+	User   string
+	Arch   string
+	Labels map[string]string
+}
 
 func main() {
 	binary := flag.String("binary", "", "The static student-controller binary to put in the image.")
@@ -46,28 +61,56 @@ func main() {
 	revision := flag.String("revision", "", "The source revision the image is labeled with.")
 	push := flag.String("push", "", "Also push the image to this reference, e.g. registry.example.com/student-controller:v1.2.3.")
 	arch := flag.String("arch", "amd64", "The binary's architecture (GOARCH).")
+	entrypoint := flag.String("entrypoint", "/student-controller", "Where the binary lives in the image.")
+	// The nonroot user of distroless images, above the host's IDs.
+	user := flag.String("user", "65532:65532", "The user the image runs as.")
+	title := flag.String("title", "student-controller", "The image's title label.")
+	serve := flag.String("serve", "", "Serve a registry, in memory, at this address instead (host:port).")
 	flag.Parse()
-	if err := run(*binary, *out, *version, *source, *revision, *push, *arch); err != nil {
+	if *serve != "" {
+		if err := serveRegistry(*serve); err != nil {
+			fmt.Fprintln(os.Stderr, "image:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	img := image{Entrypoint: *entrypoint, User: *user, Arch: *arch, Labels: map[string]string{
+		"org.opencontainers.image.title":    *title,
+		"org.opencontainers.image.version":  *version,
+		"org.opencontainers.image.source":   *source,
+		"org.opencontainers.image.revision": *revision,
+		"org.opencontainers.image.licenses": "Apache-2.0",
+	}}
+	if err := run(*binary, *out, *version, *push, img); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(binary, out, version, source, revision, push, arch string) error {
+// serveRegistry serves go-containerregistry's registry at addr until the process is
+// stopped. It logs each request, and says when it listens.
+func serveRegistry(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "registry: serving on %s\n", l.Addr())
+	srv := &http.Server{Handler: registry.New(), ReadHeaderTimeout: 10 * time.Second}
+	return srv.Serve(l)
+}
+
+func run(binary, out, version, push string, spec image) error {
 	if binary == "" || out == "" {
 		return errors.New("-binary and -out are required")
+	}
+	if !strings.HasPrefix(spec.Entrypoint, "/") || len(spec.Entrypoint) < 2 {
+		return fmt.Errorf("-entrypoint %q: an absolute path", spec.Entrypoint)
 	}
 	created, err := buildTime()
 	if err != nil {
 		return err
 	}
-	img, err := build(binary, created, arch, map[string]string{
-		"org.opencontainers.image.title":    "student-controller",
-		"org.opencontainers.image.version":  version,
-		"org.opencontainers.image.source":   source,
-		"org.opencontainers.image.revision": revision,
-		"org.opencontainers.image.licenses": "Apache-2.0",
-	})
+	img, err := build(binary, created, spec)
 	if err != nil {
 		return err
 	}
@@ -102,8 +145,8 @@ func run(binary, out, version, source, revision, push, arch string) error {
 }
 
 // build makes the image: an OCI manifest and config, one layer.
-func build(binary string, created time.Time, arch string, labels map[string]string) (v1.Image, error) {
-	layerTar, err := layerOf(binary, created)
+func build(binary string, created time.Time, spec image) (v1.Image, error) {
+	layerTar, err := layerOf(binary, spec.Entrypoint, created)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +159,7 @@ func build(binary string, created time.Time, arch string, labels map[string]stri
 	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	img, err := mutate.Append(base, mutate.Addendum{
 		Layer:     layer,
-		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "hack/tools/image: " + entrypoint, Comment: "the static binary"},
+		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "hack/tools/image: " + spec.Entrypoint, Comment: "the static binary"},
 		MediaType: types.OCILayer,
 	})
 	if err != nil {
@@ -127,13 +170,13 @@ func build(binary string, created time.Time, arch string, labels map[string]stri
 		return nil, err
 	}
 	cfg = cfg.DeepCopy()
-	cfg.OS, cfg.Architecture = "linux", arch
+	cfg.OS, cfg.Architecture = "linux", spec.Arch
 	cfg.Created = v1.Time{Time: created}
 	cfg.Config = v1.Config{
-		User:       user,
-		Entrypoint: []string{entrypoint},
+		User:       spec.User,
+		Entrypoint: []string{spec.Entrypoint},
 		WorkingDir: "/",
-		Labels:     labels,
+		Labels:     spec.Labels,
 		Env:        []string{"PATH=/"},
 	}
 	return mutate.ConfigFile(img, cfg)
@@ -141,7 +184,7 @@ func build(binary string, created time.Time, arch string, labels map[string]stri
 
 // layerOf is the tar of the one file, owned by root and readable and runnable by all,
 // stamped with created.
-func layerOf(binary string, created time.Time) ([]byte, error) {
+func layerOf(binary, entrypoint string, created time.Time) ([]byte, error) {
 	data, err := os.ReadFile(binary) // #nosec G304 -- the binary the Makefile built and names
 	if err != nil {
 		return nil, err

@@ -27,7 +27,8 @@ func TestPush(t *testing.T) {
 	}
 	out := filepath.Join(dir, "oci")
 	ref := host + "/student-controller:v0.0.1"
-	if err := run(binary, out, "v0.0.1", "https://example.com/src", "abc123", ref, "amd64"); err != nil {
+	spec := image{Entrypoint: "/student-controller", User: "65532:65532", Arch: "amd64", Labels: map[string]string{"org.opencontainers.image.revision": "abc123"}}
+	if err := run(binary, out, "v0.0.1", ref, spec); err != nil {
 		t.Fatal(err)
 	}
 

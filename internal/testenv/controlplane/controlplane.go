@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -82,6 +83,11 @@ type Options struct {
 	// APIServerFlags are set on kube-apiserver's command line, over the defaults:
 	// flag name (without dashes) to value, e.g. {"watch-cache": "false"}.
 	APIServerFlags map[string]string
+	// ForNode readies the control plane for a node (package node): the API server
+	// listens on the machine's own address, which Pods reach through the kubernetes
+	// Service, ServiceAccounts get their tokens mounted, and kube-controller-manager
+	// runs what Pods, Deployments, Services and volumes need (NodeControllers).
+	ForNode bool
 }
 
 // Start starts etcd, kube-apiserver and kube-controller-manager from bin/k8s, installs
@@ -143,7 +149,15 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 		}
 	}
 	e.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	e.apiURL = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
+	apiAddress := "127.0.0.1"
+	if opts.ForNode {
+		ip, err := HostIP()
+		if err != nil {
+			return err
+		}
+		apiAddress = ip.String()
+	}
+	e.apiURL = "https://" + net.JoinHostPort(apiAddress, strconv.Itoa(ports[2]))
 	e.Etcd = proc.New(proc.Spec{
 		Name: "etcd",
 		Path: filepath.Join(bin, "etcd"),
@@ -174,7 +188,9 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 	}
 	flags := map[string]string{
 		"etcd-servers": e.etcdURL,
-		"bind-address": "127.0.0.1", // and its self-made certificate names 127.0.0.1
+		// Its self-made certificate names this address, and the kubernetes Service's
+		// first address and names.
+		"bind-address": apiAddress,
 		"secure-port":  strconv.Itoa(ports[2]),
 		"cert-dir":     certDir,
 		// The administrator's static token; ServiceAccounts get theirs from the
@@ -191,6 +207,11 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 		"service-account-signing-key-file":        saKey,
 		// No ServiceAccount controller runs to make the default ServiceAccounts.
 		"disable-admission-plugins": "ServiceAccount",
+	}
+	if opts.ForNode {
+		// Pods get their ServiceAccount's token mounted, and the controller manager
+		// makes each namespace's default ServiceAccount.
+		delete(flags, "disable-admission-plugins")
 	}
 	maps.Copy(flags, opts.APIServerFlags)
 	var args []string
@@ -227,7 +248,7 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 		return fmt.Errorf("install the CRD: %w", err)
 	}
 	if !opts.WithoutControllerManager {
-		if e.ControllerManager, err = startControllerManager(filepath.Join(bin, "kube-controller-manager"), e.Kubeconfig, e.Dir); err != nil {
+		if e.ControllerManager, err = startControllerManager(filepath.Join(bin, "kube-controller-manager"), e.Kubeconfig, e.Dir, opts.ForNode); err != nil {
 			return err
 		}
 	}
@@ -380,4 +401,19 @@ func randomToken() (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(b), nil
+}
+
+// HostIP is the machine's own address: the one its default route leaves from (no
+// packet is sent to find it).
+func HostIP() (net.IP, error) {
+	conn, err := net.Dial("udp4", "192.0.2.1:9") // #nosec G102 -- a UDP socket only asks the routing table
+	if err != nil {
+		return nil, fmt.Errorf("find the machine's address (its default route): %w", err)
+	}
+	defer conn.Close()
+	ip := conn.LocalAddr().(*net.UDPAddr).IP
+	if ip.IsLoopback() {
+		return nil, fmt.Errorf("the machine's default route leaves from %s, a loopback address that Pods cannot reach", ip)
+	}
+	return ip, nil
 }

@@ -1,0 +1,441 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/proc"
+)
+
+// The node's fixed names. Only one node runs on a machine at a time: kube-proxy's
+// nftables tables have one name (kube-proxy, in the ip and ip6 families), so Start
+// refuses when another node's bridge or tables are there.
+const (
+	// Name is the Node's name.
+	Name = "student-node"
+	// Bridge is the Pods' bridge; the Pods' addresses are in PodCIDR.
+	Bridge  = "stu-br0"
+	PodCIDR = "10.244.0.0/24"
+	// CgroupRoot is the cgroup, in every hierarchy, that holds the Pods' cgroups.
+	CgroupRoot = "/student-node"
+	// StorageClass is the default StorageClass: the node's local volumes.
+	StorageClass = "student-local"
+	// PauseImage is the tag of the pause image in the node's registry.
+	pauseTag = "3.10.2"
+)
+
+// Volumes is how many PersistentVolumes of 1Gi Start provides.
+const Volumes = 6
+
+// Node is a running node.
+type Node struct {
+	// Registry is the host:port of the node's image registry (plain HTTP): push to
+	// Registry+"/NAME:TAG", and Pods pull from there.
+	Registry string
+	// Dir holds everything the node makes.
+	Dir string
+	// HostIP is the node's address (the API server listens on it too).
+	HostIP net.IP
+	// Containerd, Kubelet, KubeProxy, Scheduler and Images (the registry) are the
+	// node's processes.
+	Containerd, Kubelet, KubeProxy, Scheduler, Images *proc.Process
+
+	cp        *controlplane.Env
+	kube      kubernetes.Interface
+	imageTool string
+	sysctls   map[string]string // their values before the node started
+	made      []string          // fixedFolders that were not there before
+	lock      *os.File          // held from Start to Stop: one node per machine
+	removeDir bool
+}
+
+// Options say how to run a node.
+type Options struct {
+	// Dir keeps the node's state there (make cluster); a temporary folder, which Stop
+	// removes, when empty.
+	Dir string
+	// Log, when set, gets a line for each step of Start (make cluster shows them).
+	Log func(format string, args ...any)
+}
+
+// Start runs a node for the control plane cp, which must have been started with
+// ForNode, and waits until the Node is Ready. Call Stop when done, also when Start
+// fails: it removes what Start made.
+func Start(ctx context.Context, cp *controlplane.Env, opts Options) (n *Node, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the node needs root (a kubelet does): run as root")
+	}
+	if err := checkTools(cp.Root); err != nil {
+		return nil, err
+	}
+	logf := opts.Log
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	lock, err := lockMachine(ctx, logf)
+	if err != nil {
+		return nil, err
+	}
+	if left := Leftovers(""); len(left) > 0 {
+		_ = lock.Close()
+		return nil, fmt.Errorf("a node that was not stopped left this behind (`bin/student-dev clean-node` removes it):\n  %s",
+			strings.Join(left, "\n  "))
+	}
+	n = &Node{Dir: opts.Dir, cp: cp, kube: kubernetes.NewForConfigOrDie(cp.Config), lock: lock}
+	if n.Dir == "" {
+		if n.Dir, err = os.MkdirTemp("", "student-node-"); err != nil {
+			return nil, err
+		}
+		n.removeDir = true
+	}
+	// Others may pass through to the volumes (a test reads the registry file as the
+	// Pod's user), but list nothing.
+	if err := os.Chmod(n.Dir, 0o711); err != nil { // #nosec G302 -- passable, not listable
+		return n, err
+	}
+	if n.HostIP, err = controlplane.HostIP(); err != nil {
+		return n, err
+	}
+	n.made = missingFolders()
+	if n.sysctls, err = readSysctls(); err != nil {
+		return n, err
+	}
+	if err := os.WriteFile(filepath.Join(n.Dir, "sysctls.before"), []byte(formatSysctls(n.sysctls)), 0o600); err != nil {
+		return n, err
+	}
+	logf("node: images: building the image tool and the pause image, and serving a registry")
+	if err := n.startRegistry(ctx); err != nil {
+		return n, err
+	}
+	logf("node: containerd (runc, CNI bridge %s, Pods in %s)", Bridge, PodCIDR)
+	if err := n.startContainerd(ctx); err != nil {
+		return n, err
+	}
+	logf("node: kubelet, kube-proxy (nftables) and kube-scheduler")
+	if err := n.startKubelet(ctx); err != nil {
+		return n, err
+	}
+	if err := n.startKubeProxy(); err != nil {
+		return n, err
+	}
+	if err := n.startScheduler(); err != nil {
+		return n, err
+	}
+	if err := n.provideVolumes(ctx); err != nil {
+		return n, err
+	}
+	logf("node: waiting for Node %s to be Ready", Name)
+	return n, n.waitReady(ctx)
+}
+
+// ForTest starts a node for a test and stops it when the test ends, failing the test
+// when anything of the node is left behind.
+func ForTest(tb testing.TB, cp *controlplane.Env) *Node {
+	tb.Helper()
+	n, err := Start(context.Background(), cp, Options{Log: tb.Logf})
+	if n != nil {
+		tb.Cleanup(func() {
+			if err := n.Stop(); err != nil {
+				tb.Errorf("stop the node: %v", err)
+			}
+			if left := Leftovers(n.Dir); len(left) > 0 {
+				tb.Errorf("the node left behind:\n  %s", strings.Join(left, "\n  "))
+			}
+		})
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+// checkTools says what is missing to run a node, and how to get it.
+func checkTools(root string) error {
+	var missing []string
+	for _, b := range []string{"kubelet", "kube-proxy", "kube-scheduler"} {
+		if _, err := os.Stat(filepath.Join(root, "bin", "k8s", b)); err != nil {
+			missing = append(missing, "bin/k8s/"+b+" (make node)")
+		}
+	}
+	for _, p := range []string{containerdBin, runcBin, filepath.Join(cniBin, "bridge"), "/usr/sbin/nft", "/usr/bin/ctr"} {
+		if _, err := os.Stat(p); err != nil {
+			missing = append(missing, p+" (hack/install-node-packages.sh, or apt-get install containerd runc containernetworking-plugins nftables)")
+		}
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		missing = append(missing, "gcc, which builds the pause image")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the node needs:\n  %s", strings.Join(missing, "\n  "))
+	}
+	return nil
+}
+
+// Debian's packages.
+const (
+	containerdBin = "/usr/bin/containerd"
+	runcBin       = "/usr/sbin/runc"
+	cniBin        = "/usr/lib/cni"
+)
+
+func (n *Node) path(elem ...string) string { return filepath.Join(append([]string{n.Dir}, elem...)...) }
+
+func (n *Node) socket() string { return n.path("containerd.sock") }
+
+// startRegistry builds hack/tools/image, serves its registry and pushes the pause
+// image, built from the pause.c of Kubernetes' own module, into it.
+func (n *Node) startRegistry(ctx context.Context) error {
+	root := n.cp.Root
+	n.imageTool = filepath.Join(root, "bin", "tools", "image")
+	build := exec.CommandContext(ctx, "go", "build", "-o", n.imageTool, ".") // #nosec G204 -- fixed arguments
+	build.Dir = filepath.Join(root, "hack", "tools", "image")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("build hack/tools/image: %v\n%s", err, out)
+	}
+	port, err := testenv.FreePort()
+	if err != nil {
+		return err
+	}
+	n.Registry = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	n.Images = proc.New(proc.Spec{Env: []string{marker}, Name: "registry", Path: n.imageTool, Args: []string{"-serve", n.Registry}, Log: n.path("registry.log")})
+	if err := n.Images.Start(); err != nil {
+		return err
+	}
+	if ok, err := n.Images.WaitUntil(ctx, 30*time.Second, func() bool { return strings.Contains(n.Images.Output(), "serving on") }); err != nil || !ok {
+		return errors.Join(err, fmt.Errorf("the registry did not start; its log ends:\n%s", n.Images.Tail(10)))
+	}
+
+	// kubelet's and kubeadm's pause image, built as Kubernetes builds it.
+	src, err := moduleFile(ctx, root, "k8s.io/kubernetes", "build/pause/linux/pause.c")
+	if err != nil {
+		return err
+	}
+	pause := n.path("images", "pause")
+	if err := os.MkdirAll(filepath.Dir(pause), 0o700); err != nil {
+		return err
+	}
+	cc := exec.CommandContext(ctx, "gcc", "-Os", "-Wall", "-Werror", "-static", "-DVERSION=v"+pauseTag+"-student", "-o", pause, src) // #nosec G204 -- fixed arguments
+	if out, err := cc.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the pause image's binary with gcc: %v\n%s", err, out)
+	}
+	_, err = n.Push(ctx, PushOptions{Binary: pause, Entrypoint: "/pause", User: "65535:65535", Title: "pause", Ref: n.pauseImage()})
+	return err
+}
+
+func (n *Node) pauseImage() string { return n.Registry + "/pause:" + pauseTag }
+
+// PushOptions say what image Push makes of a binary.
+type PushOptions struct {
+	Binary string
+	// Ref is where it goes: Registry + "/NAME:TAG".
+	Ref string
+	// Entrypoint, User and Title are hack/tools/image's flags; its defaults (the
+	// controller's image) when empty.
+	Entrypoint, User, Title string
+	// Version labels the image; two versions of one binary are two digests.
+	Version string
+}
+
+// Push builds an image of one static binary with hack/tools/image and pushes it to
+// the node's registry, returning its digest (sha256:...).
+func (n *Node) Push(ctx context.Context, o PushOptions) (string, error) {
+	out := n.path("images", filepath.Base(o.Ref)+".oci")
+	args := []string{"-binary", o.Binary, "-out", out, "-push", o.Ref}
+	for flag, v := range map[string]string{"-entrypoint": o.Entrypoint, "-user": o.User, "-title": o.Title, "-version": o.Version} {
+		if v != "" {
+			args = append(args, flag, v)
+		}
+	}
+	cmd := exec.CommandContext(ctx, n.imageTool, args...) // #nosec G204 -- the project's image tool
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	digest, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("image %s: %v\n%s", o.Ref, err, stderr.String())
+	}
+	return strings.TrimSpace(string(digest)), nil
+}
+
+// moduleFile is the path of file in module's folder of the module cache, at the
+// version hack/tools/controlplane requires, downloading the module when missing.
+func moduleFile(ctx context.Context, root, module, file string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", module) // #nosec G204 -- fixed arguments
+	cmd.Dir = filepath.Join(root, "hack", "tools", "controlplane")
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", module, err)
+	}
+	const key = `"Dir": "`
+	i := strings.Index(string(out), key)
+	if i < 0 {
+		return "", fmt.Errorf("go mod download %s: no folder in %s", module, out)
+	}
+	dir, _, _ := strings.Cut(string(out[i+len(key):]), `"`)
+	return filepath.Join(dir, file), nil
+}
+
+// provideVolumes makes the default StorageClass and Volumes local PersistentVolumes of
+// 1Gi under the node's folder, so that claims bind as on a cluster with storage.
+func (n *Node) provideVolumes(ctx context.Context) error {
+	sc := &storagev1.StorageClass{
+		ObjectMeta: metav1.ObjectMeta{Name: StorageClass,
+			Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}},
+		Provisioner:       "kubernetes.io/no-provisioner",
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+		ReclaimPolicy:     ptr.To(corev1.PersistentVolumeReclaimRetain),
+	}
+	if _, err := n.kube.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	for i := range Volumes {
+		name := fmt.Sprintf("%s-volume-%d", Name, i)
+		dir := n.path("volumes", name)
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return err
+		}
+		if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil { // #nosec G302 -- passable, not listable
+			return err
+		}
+		pv := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+				StorageClassName:              StorageClass,
+				PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: dir}},
+				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{Name}}},
+				}}}},
+			},
+		}
+		if _, err := n.kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitReady waits until the Node is Ready and carries no taint, so Pods schedule.
+func (n *Node) waitReady(ctx context.Context) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		node, err := n.kube.CoreV1().Nodes().Get(ctx, Name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+				last = fmt.Sprintf("Ready=%s: %s", c.Status, c.Message)
+				return false, nil
+			}
+		}
+		if len(node.Spec.Taints) > 0 {
+			last = fmt.Sprintf("taints %v", node.Spec.Taints)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s not ready within 2 minutes (last: %s); kubelet's log %s ends:\n%s", Name, last, n.Kubelet.LogPath(), n.Kubelet.Tail(20))
+	}
+	return nil
+}
+
+// Stop stops the node and removes everything it made: the Pods' containers and
+// sandboxes (through the CRI, so the CNI plugins give back their addresses), the
+// processes, kube-proxy's nftables tables, the bridge, every mount under the node's
+// folder, the cgroups; it sets back the sysctls that kubelet and the bridge plugin
+// changed, and removes the folder unless Options.Dir named it.
+func (n *Node) Stop() error {
+	var errs []error
+	stop := func(p *proc.Process, grace time.Duration) {
+		if p != nil {
+			errs = append(errs, p.Stop(grace))
+		}
+	}
+	stop(n.Scheduler, 10*time.Second)
+	stop(n.Kubelet, 10*time.Second)
+	if n.Containerd != nil {
+		errs = append(errs, removeSandboxes(n.socket()))
+	}
+	stop(n.Containerd, 10*time.Second)
+	stop(n.KubeProxy, 10*time.Second)
+	stop(n.Images, 5*time.Second)
+	errs = append(errs, clean(n.Dir, n.made))
+	if n.sysctls != nil {
+		errs = append(errs, restoreSysctls(n.sysctls))
+	}
+	if n.removeDir {
+		errs = append(errs, os.RemoveAll(n.Dir))
+	}
+	if n.lock != nil {
+		errs = append(errs, n.lock.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// lockFile is held by the node that runs on this machine.
+const lockFile = "/run/student-node.lock"
+
+// lockMachine waits until no other node runs on this machine (a test suite's, make
+// cluster's), up to 30 minutes, and holds the machine's node lock until the returned
+// file is closed (or the process exits).
+func lockMachine(ctx context.Context, logf func(string, ...any)) (*os.File, error) {
+	f, err := os.OpenFile(lockFile, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(30 * time.Minute)
+	for said := false; ; said = true {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) // #nosec G115 -- a file descriptor
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			_ = f.Close()
+			return nil, fmt.Errorf("another node runs on this machine (it holds %s): %w", lockFile, err)
+		}
+		if !said {
+			logf("node: another node runs on this machine (make cluster, or another test suite); waiting for it to stop")
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			return nil, ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// Signal sends sig to the main process of the container named container in the Pod
+// namespace/pod, as a process in the container would see it (SIGSTOP freezes it).
+func (n *Node) Signal(ctx context.Context, namespace, pod, container string, sig syscall.Signal) error {
+	pid, err := containerPid(ctx, n.socket(), namespace, pod, container)
+	if err != nil {
+		return err
+	}
+	return syscall.Kill(pid, sig)
+}

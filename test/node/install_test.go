@@ -1,0 +1,149 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+const systemNamespace = "student-controller-system"
+
+// TestHelmInstall: `helm install` with the chart's default values (the image is the
+// one value an operator must give) runs the controller under the restricted Pod
+// Security Standard; it reaches the API server through in-cluster config and writes
+// each Student's row to the SQLite file on its claim. Deleting the Pod loses no row
+// (a released Orphan row included) and the new Pod writes none again. hack/uninstall.sh
+// then leaves nothing Terminating.
+func TestHelmInstall(t *testing.T) {
+	restrictedNamespace(t, systemNamespace)
+	run(t, "helm", "install", "student-controller", "charts/student-controller", "--namespace", systemNamespace,
+		"--set", "image.repository="+image.repository, "--set", "image.digest="+image.digest)
+	checkInstall(t, "student-controller-registry")
+	out := run(t, "uninstall", "--yes", "helm", "student-controller", systemNamespace)
+	assertUninstalled(t, out)
+}
+
+// TestKustomizeInstall: the same with `kubectl apply -k config/default`, its image set
+// the way docs/operating.md says (kustomize edit set image).
+func TestKustomizeInstall(t *testing.T) {
+	dir, err := os.MkdirTemp(filepath.Join(cp.Root, "bin"), "node-kustomize-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	rel, err := filepath.Rel(dir, filepath.Join(cp.Root, "config", "default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n"+
+		"images:\n  - name: student-controller\n    newName: %s\n    digest: %s\n", rel, image.repository, image.digest)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "kubectl", "apply", "-k", dir)
+	checkInstall(t, "student-controller-registry")
+	out := run(t, "uninstall", "--yes", "kustomize", dir)
+	assertUninstalled(t, out)
+}
+
+// checkInstall checks an install with the SQLite registry on the claim named claim.
+func checkInstall(t *testing.T, claim string) {
+	t.Helper()
+	ctx := context.Background()
+	pods := readyPods(t, systemNamespace, 1, 3*time.Minute)
+	ns := "node-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, nsObject(ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	diagnose := func() string { return describe(systemNamespace) }
+	kept := newStudent(t, ns, "kept", studentv1.DeletionPolicyOrphan)
+	ada := newStudent(t, ns, "ada", studentv1.DeletionPolicyDelete)
+	waitReady(t, ns, "kept", diagnose)
+	waitReady(t, ns, "ada", diagnose)
+
+	db := registryFile(t, claim)
+	rows := sqliteRows(t, db)
+	for _, s := range []*studentv1.Student{kept, ada} {
+		row, ok := rows[string(s.UID)]
+		if !ok || row.studentName != s.Spec.Name || row.school != s.Spec.School || row.owner == "" || row.policy != string(s.Spec.DeletionPolicy) {
+			t.Errorf("the row of %s/%s: %+v (found: %v), want name %q, school %q, owned, policy %s",
+				s.Namespace, s.Name, row, ok, s.Spec.Name, s.Spec.School, s.Spec.DeletionPolicy)
+		}
+	}
+	// The Orphan Student goes: its row stays, released.
+	if err := stu.BolingcavalryV1().Students(ns).Delete(ctx, "kept", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "Student kept deleted", func(ctx context.Context) (bool, error) {
+		_, err := stu.BolingcavalryV1().Students(ns).Get(ctx, "kept", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}, diagnose)
+	before := sqliteRows(t, db)
+	if row := before[string(kept.UID)]; row.owner != "" || row.releasedAt == "" {
+		t.Fatalf("the Orphan row after its Student went: %+v, want it kept and released", row)
+	}
+
+	// The Pod goes; the Deployment makes another, which opens the same file.
+	if err := kube.CoreV1().Pods(systemNamespace).Delete(ctx, pods[0].Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 3*time.Minute, "a new controller Pod Ready", func(ctx context.Context) (bool, error) {
+		p := readyPodsNow(ctx)
+		return len(p) == 1 && p[0].Name != pods[0].Name, nil
+	}, diagnose)
+	// It has synced every Student (they stay Ready) and its sweep has run: the rows are
+	// as they were, none lost and none written again.
+	waitReady(t, ns, "ada", diagnose)
+	if !waitSwept(t) {
+		t.Fatalf("the new Pod's sweep did not run\n%s", diagnose())
+	}
+	after := sqliteRows(t, db)
+	if !maps.Equal(before, after) {
+		t.Errorf("the rows changed across the Pod's restart:\nbefore %+v\nafter  %+v", before, after)
+	}
+}
+
+func nsObject(name string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
+
+// assertUninstalled checks hack/uninstall.sh's end: no Student, no CRD, nothing
+// Terminating, no controller Pod.
+func assertUninstalled(t *testing.T, out string) {
+	t.Helper()
+	eventually(t, 2*time.Minute, "nothing left Terminating after hack/uninstall.sh", func(ctx context.Context) (bool, error) {
+		nss, err := kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, ns := range nss.Items {
+			if ns.DeletionTimestamp != nil {
+				return false, nil
+			}
+		}
+		pods := readyPodsNow(ctx)
+		if _, err := kube.Discovery().ServerResourcesForGroupVersion("bolingcavalry.k8s.io/v1"); !apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return len(pods) == 0, nil
+	}, func() string { return "hack/uninstall.sh said:\n" + out })
+	// The next test installs into a namespace of the same name.
+	if err := kube.CoreV1().Namespaces().Delete(context.Background(), systemNamespace, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Minute, "namespace "+systemNamespace+" gone", func(ctx context.Context) (bool, error) {
+		_, err := kube.CoreV1().Namespaces().Get(ctx, systemNamespace, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+}
