@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -138,6 +139,71 @@ func restrictedNamespace(t *testing.T, name string) {
 	}
 }
 
+// testLabel marks the namespaces a test makes, which its install's cleanup deletes.
+const testLabel = "student-controller.test/node"
+
+// studentNamespace makes a namespace for a test's Students.
+func studentNamespace(t *testing.T, name string) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{testLabel: "true"}}}
+	if _, err := kube.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cleanupInstall makes sure, when the test ends however it ends, that the next test
+// finds a cluster without this install: it runs hack/uninstall.sh with how (its
+// arguments after --yes) if the test did not get to, deletes what is left the blunt
+// way (a Student's finalizer too, if no controller is left to remove it), and waits
+// until the test's namespaces are gone. Call it before installing.
+func cleanupInstall(t *testing.T, how ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if t.Failed() {
+			t.Logf("what the cluster showed at the end:\n%s", describe(systemNamespace))
+		}
+		if _, err := kube.Discovery().ServerResourcesForGroupVersion("bolingcavalry.k8s.io/v1"); err == nil {
+			_, _ = tryRun("uninstall", append([]string{"--yes"}, how...)...)
+		}
+		switch how[0] {
+		case "helm":
+			_, _ = tryRun("helm", "uninstall", how[1], "--namespace", how[2], "--ignore-not-found", "--wait")
+		case "kustomize":
+			_, _ = tryRun("kubectl", "delete", "-k", how[1], "--ignore-not-found", "--wait=false")
+		}
+		if list, err := stu.BolingcavalryV1().Students("").List(ctx, metav1.ListOptions{}); err == nil {
+			for _, s := range list.Items {
+				_, _ = tryRun("kubectl", "-n", s.Namespace, "patch", "student", s.Name, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
+			}
+		}
+		_, _ = tryRun("kubectl", "delete", "crd", "students.bolingcavalry.k8s.io", "--ignore-not-found")
+		namespaces, err := kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: testLabel})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		names := []string{systemNamespace}
+		for _, ns := range namespaces.Items {
+			names = append(names, ns.Name)
+		}
+		for _, name := range names {
+			_ = kube.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{})
+		}
+		err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			for _, name := range names {
+				if _, err := kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Errorf("the test's namespaces %v not gone within 2 minutes: %v", names, err)
+		}
+	})
+}
+
 // eventually polls cond every half second until it holds or timeout passes; then it
 // fails the test, saying what it waited for and, from diagnose, what it saw.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error), diagnose ...func() string) {
@@ -197,11 +263,15 @@ func newStudent(t *testing.T, namespace, name string, policy studentv1.DeletionP
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec:       studentv1.StudentSpec{Name: "Student " + name, School: "School of " + namespace, DeletionPolicy: policy},
 	}
-	s, err := stu.BolingcavalryV1().Students(namespace).Create(context.Background(), s, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	// Right after an install the CRD may not be served yet: try for a while, and say
+	// the last error.
+	var created *studentv1.Student
+	var last error
+	eventually(t, 30*time.Second, "Student "+namespace+"/"+name+" created", func(ctx context.Context) (bool, error) {
+		created, last = stu.BolingcavalryV1().Students(namespace).Create(ctx, s, metav1.CreateOptions{})
+		return last == nil, nil
+	}, func() string { return fmt.Sprintf("last error: %v", last) })
+	return created
 }
 
 // waitReady waits until the Student is Ready for its current generation.

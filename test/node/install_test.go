@@ -2,15 +2,12 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -26,10 +23,12 @@ const systemNamespace = "student-controller-system"
 // (a released Orphan row included) and the new Pod writes none again. hack/uninstall.sh
 // then leaves nothing Terminating.
 func TestHelmInstall(t *testing.T) {
+	cleanupInstall(t, "helm", "student-controller", systemNamespace)
 	restrictedNamespace(t, systemNamespace)
 	run(t, "helm", "install", "student-controller", "charts/student-controller", "--namespace", systemNamespace,
 		"--set", "image.repository="+image.repository, "--set", "image.digest="+image.digest)
 	checkInstall(t, "student-controller-registry")
+	checkMetricsAccess(t)
 	out := run(t, "uninstall", "--yes", "helm", "student-controller", systemNamespace)
 	assertUninstalled(t, out)
 }
@@ -37,24 +36,33 @@ func TestHelmInstall(t *testing.T) {
 // TestKustomizeInstall: the same with `kubectl apply -k config/default`, its image set
 // the way docs/operating.md says (kustomize edit set image).
 func TestKustomizeInstall(t *testing.T) {
-	dir, err := os.MkdirTemp(filepath.Join(cp.Root, "bin"), "node-kustomize-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	rel, err := filepath.Rel(dir, filepath.Join(cp.Root, "config", "default"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n"+
-		"images:\n  - name: student-controller\n    newName: %s\n    digest: %s\n", rel, image.repository, image.digest)
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir := overlay(t, "config/default", "")
+	cleanupInstall(t, "kustomize", dir)
 	run(t, "kubectl", "apply", "-k", dir)
 	checkInstall(t, "student-controller-registry")
 	out := run(t, "uninstall", "--yes", "kustomize", dir)
 	assertUninstalled(t, out)
+}
+
+// checkMetricsAccess: Prometheus' view of /metrics through the Service. A token bound
+// to the metrics-reader ClusterRole reads it; no token, or a token without the role,
+// is refused.
+func checkMetricsAccess(t *testing.T) {
+	t.Helper()
+	code, body := scrape(t, scraper(t))
+	if code != http.StatusOK || !strings.Contains(body, "student_controller_") {
+		t.Errorf("/metrics with the metrics-reader's token: %d, want 200 and the controller's metrics:\n%.300s", code, body)
+	}
+	if code, body := scrape(t, ""); code != http.StatusUnauthorized {
+		t.Errorf("/metrics without a token: %d, want 401:\n%.300s", code, body)
+	}
+	id, err := cp.ServiceAccount(context.Background(), "monitoring", "not-a-reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := scrape(t, id.Config.BearerToken); code != http.StatusForbidden {
+		t.Errorf("/metrics with a token not bound to the metrics-reader role: %d, want 403:\n%.300s", code, body)
+	}
 }
 
 // checkInstall checks an install with the SQLite registry on the claim named claim.
@@ -63,9 +71,7 @@ func checkInstall(t *testing.T, claim string) {
 	ctx := context.Background()
 	pods := readyPods(t, systemNamespace, 1, 3*time.Minute)
 	ns := "node-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, nsObject(ns), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	studentNamespace(t, ns)
 	diagnose := func() string { return describe(systemNamespace) }
 	kept := newStudent(t, ns, "kept", studentv1.DeletionPolicyOrphan)
 	ada := newStudent(t, ns, "ada", studentv1.DeletionPolicyDelete)
@@ -114,10 +120,6 @@ func checkInstall(t *testing.T, claim string) {
 	}
 }
 
-func nsObject(name string) *corev1.Namespace {
-	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-}
-
 // assertUninstalled checks hack/uninstall.sh's end: no Student, no CRD, nothing
 // Terminating, no controller Pod.
 func assertUninstalled(t *testing.T, out string) {
@@ -138,12 +140,4 @@ func assertUninstalled(t *testing.T, out string) {
 		}
 		return len(pods) == 0, nil
 	}, func() string { return "hack/uninstall.sh said:\n" + out })
-	// The next test installs into a namespace of the same name.
-	if err := kube.CoreV1().Namespaces().Delete(context.Background(), systemNamespace, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		t.Fatal(err)
-	}
-	eventually(t, 2*time.Minute, "namespace "+systemNamespace+" gone", func(ctx context.Context) (bool, error) {
-		_, err := kube.CoreV1().Namespaces().Get(ctx, systemNamespace, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
 }

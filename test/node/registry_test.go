@@ -98,7 +98,8 @@ func scraper(t *testing.T) string {
 	t.Helper()
 	ctx := context.Background()
 	const ns, name = "monitoring", "prometheus"
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, nsObject(ns), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	monitoring := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, monitoring, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	id, err := cp.ServiceAccount(ctx, ns, name)

@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -33,6 +34,8 @@ type Server struct {
 	bin   string
 	port  int
 	creds *syscall.Credential
+	// also is an address the server listens on besides 127.0.0.1 (ListenFor).
+	also string
 }
 
 // BinDir is where Debian's postgresql-15 package puts the server binaries; the
@@ -122,7 +125,11 @@ func (s *Server) CreateDatabase(ctx context.Context, name string) error {
 
 // Start starts the server (again, after Stop) on the same folder and port.
 func (s *Server) Start(ctx context.Context) error {
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", s.port, s.dir)
+	listen := "127.0.0.1"
+	if s.also != "" {
+		listen += "," + s.also
+	}
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=%s -c fsync=off -c max_connections=200", s.port, s.dir, listen)
 	out, err := s.command(ctx, "pg_ctl", "-D", s.data(), "-o", opts, "-l", filepath.Join(s.dir, "server.log"), "-w", "-t", "60", "start").CombinedOutput()
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
@@ -214,6 +221,32 @@ func (s *Server) writeFile(path, content string) error {
 		return os.Chown(path, int(s.creds.Uid), int(s.creds.Gid))
 	}
 	return nil
+}
+
+// ListenFor makes the server listen on addr too (the machine's own address, which a
+// node's Pods reach) and take password logins from the addresses in cidr (the Pods'),
+// and restarts it.
+func (s *Server) ListenFor(ctx context.Context, addr, cidr string) error {
+	hba := filepath.Join(s.data(), "pg_hba.conf")
+	b, err := os.ReadFile(hba) // #nosec G304 -- the test server's own file
+	if err != nil {
+		return err
+	}
+	if err := s.writeFile(hba, string(b)+"host all all "+cidr+" scram-sha-256\n"); err != nil {
+		return err
+	}
+	if err := s.Stop(ctx); err != nil {
+		return err
+	}
+	s.also = addr
+	return s.Start(ctx)
+}
+
+// HostURL is URL with the host given (the address of ListenFor) in place of 127.0.0.1.
+func (s *Server) HostURL(db, host string, withPassword bool) string {
+	u, _ := url.Parse(s.URL(db, withPassword))
+	u.Host = net.JoinHostPort(host, strconv.Itoa(s.port))
+	return u.String()
 }
 
 // Port is the server's port on 127.0.0.1.
