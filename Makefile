@@ -79,6 +79,10 @@ RUN_FLAGS ?=
 run: controlplane build ## Run everything locally: control plane, CRD, samples, controller on SQLite. Ctrl-C stops it.
 	bin/student-dev --state-dir $(STATE_DIR) $(RUN_FLAGS)
 
+.PHONY: cluster
+cluster: node image helm build ## Run a one-node cluster (the control plane, kubelet over containerd, kube-proxy) with the chart installed from make image's image, as root; Ctrl-C stops it and removes what the node made.
+	bin/student-dev cluster --state-dir $(STATE_DIR)/cluster
+
 .PHONY: helm
 helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart tests and make lint use it).
 	hack/install-tools.sh helm

@@ -2,6 +2,9 @@
 // etcd, kube-apiserver and kube-controller-manager from bin/k8s, the Student CRD, the
 // sample Students, and student-controller on a SQLite file, until Ctrl-C. `make run`
 // builds and starts it.
+//
+//	student-dev cluster      # a one-node cluster running the chart (make cluster)
+//	student-dev clean-node   # remove what a killed cluster's node left behind
 package main
 
 import (
@@ -23,18 +26,30 @@ import (
 )
 
 func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if len(os.Args) > 1 && (os.Args[1] == "cluster" || os.Args[1] == "clean-node") {
+		var err error
+		if os.Args[1] == "cluster" {
+			err = clusterMain(ctx, os.Args[2:])
+		} else {
+			err = cleanNodeMain(os.Args[2:])
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "student-dev %s: %v\n", os.Args[1], err)
+			os.Exit(1)
+		}
+		return
+	}
 	stateDir := flag.String("state-dir", ".local", "Folder for the local state: etcd data, kubeconfig, registry file.")
 	controllerBin := flag.String("controller", "bin/student-controller", "The student-controller binary to run.")
 	probeAddr := flag.String("health-probe-bind-address", "127.0.0.1:8081", "Passed to the controller; also polled for readiness.")
 	metricsAddr := flag.String("metrics-bind-address", "127.0.0.1:8080", "Passed to the controller.")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "Usage: student-dev [flags] [-- controller flags]\n\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: student-dev [flags] [-- controller flags]\n       student-dev cluster [flags] [-- helm install flags]\n       student-dev clean-node [flags]\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	if err := run(ctx, *stateDir, *controllerBin, *probeAddr, *metricsAddr, flag.Args()); err != nil {
 		fmt.Fprintf(os.Stderr, "student-dev: %v\n", err)
 		os.Exit(1)

@@ -29,6 +29,10 @@ func TestHelmInstall(t *testing.T) {
 		"--set", "image.repository="+image.repository, "--set", "image.digest="+image.digest)
 	checkInstall(t, "student-controller-registry")
 	checkMetricsAccess(t)
+	// kubectl logs: the API server reaches the kubelet, which reads the container's log.
+	if out := run(t, "kubectl", "-n", systemNamespace, "logs", "deploy/student-controller"); !strings.Contains(out, "Started workers") {
+		t.Errorf("kubectl logs deploy/student-controller: no \"Started workers\" in\n%s", out)
+	}
 	out := run(t, "uninstall", "--yes", "helm", "student-controller", systemNamespace)
 	assertUninstalled(t, out)
 }

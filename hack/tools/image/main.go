@@ -11,6 +11,10 @@
 // -entrypoint, -user and -title make another one-binary image the same way (the local
 // node's pause image).
 //
+//	image -layout bin/image/oci -push REGISTRY/REPO:TAG
+//
+// pushes the image of a layout written before, and prints its digest.
+//
 //	image -serve 127.0.0.1:5000
 //
 // serves a registry, in memory, until it is stopped: the local node's containerd pulls
@@ -66,9 +70,17 @@ func main() {
 	user := flag.String("user", "65532:65532", "The user the image runs as.")
 	title := flag.String("title", "student-controller", "The image's title label.")
 	serve := flag.String("serve", "", "Serve a registry, in memory, at this address instead (host:port).")
+	fromLayout := flag.String("layout", "", "Push the image of this OCI layout (written by an earlier run) to -push instead of building one.")
 	flag.Parse()
 	if *serve != "" {
 		if err := serveRegistry(*serve); err != nil {
+			fmt.Fprintln(os.Stderr, "image:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *fromLayout != "" {
+		if err := pushLayout(*fromLayout, *push); err != nil {
 			fmt.Fprintln(os.Stderr, "image:", err)
 			os.Exit(1)
 		}
@@ -97,6 +109,48 @@ func serveRegistry(addr string) error {
 	fmt.Fprintf(os.Stderr, "registry: serving on %s\n", l.Addr())
 	srv := &http.Server{Handler: registry.New(), ReadHeaderTimeout: 10 * time.Second}
 	return srv.Serve(l)
+}
+
+// pushLayout pushes the one image of the OCI layout at dir to the reference push and
+// prints its digest.
+func pushLayout(dir, push string) error {
+	if push == "" {
+		return errors.New("-layout needs -push")
+	}
+	index, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		return fmt.Errorf("read the OCI layout %s: %w", dir, err)
+	}
+	manifest, err := index.IndexManifest()
+	if err != nil {
+		return err
+	}
+	if len(manifest.Manifests) != 1 {
+		return fmt.Errorf("the OCI layout %s holds %d images, want 1", dir, len(manifest.Manifests))
+	}
+	img, err := index.Image(manifest.Manifests[0].Digest)
+	if err != nil {
+		return err
+	}
+	return pushImage(img, push)
+}
+
+// pushImage copies img to the reference push and prints its digest.
+func pushImage(img v1.Image, push string) error {
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	ref, err := name.ParseReference(push)
+	if err != nil {
+		return fmt.Errorf("-push %q: %w", push, err)
+	}
+	if err := remote.Write(ref, img, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+		return fmt.Errorf("push to %s: %w", ref, err)
+	}
+	fmt.Fprintf(os.Stderr, "pushed %s@%s\n", ref.Context(), digest)
+	fmt.Println(digest)
+	return nil
 }
 
 func run(binary, out, version, push string, spec image) error {
@@ -131,14 +185,7 @@ func run(binary, out, version, push string, spec image) error {
 		return fmt.Errorf("write the OCI layout: %w", err)
 	}
 	if push != "" {
-		ref, err := name.ParseReference(push)
-		if err != nil {
-			return fmt.Errorf("-push %q: %w", push, err)
-		}
-		if err := remote.Write(ref, img, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
-			return fmt.Errorf("push to %s: %w", ref, err)
-		}
-		fmt.Fprintf(os.Stderr, "pushed %s@%s\n", ref.Context(), digest)
+		return pushImage(img, push)
 	}
 	fmt.Println(digest)
 	return nil

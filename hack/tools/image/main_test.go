@@ -55,6 +55,23 @@ func TestPush(t *testing.T) {
 	if digest != manifest.Manifests[0].Digest {
 		t.Errorf("pushed %s, the layout holds %s", digest, manifest.Manifests[0].Digest)
 	}
+
+	// -layout pushes the image of the layout as it is: the same digest.
+	copyRef := host + "/copy:v0.0.1"
+	if err := pushLayout(out, copyRef); err != nil {
+		t.Fatal(err)
+	}
+	parsed, err = name.ParseReference(copyRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied, err := remote.Image(parsed)
+	if err != nil {
+		t.Fatalf("pull %s: %v", copyRef, err)
+	}
+	if d, err := copied.Digest(); err != nil || d != digest {
+		t.Errorf("-layout pushed %s (%v), want %s", d, err, digest)
+	}
 }
 
 func mustHost(t *testing.T, raw string) string {

@@ -212,6 +212,9 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 		// Pods get their ServiceAccount's token mounted, and the controller manager
 		// makes each namespace's default ServiceAccount.
 		delete(flags, "disable-admission-plugins")
+		// kubectl logs and exec reach the kubelet at the node's address (no DNS
+		// here knows the node's name).
+		flags["kubelet-preferred-address-types"] = "InternalIP"
 	}
 	maps.Copy(flags, opts.APIServerFlags)
 	var args []string

@@ -98,6 +98,23 @@ func Leftovers(dir string) []string {
 	return left
 }
 
+// Clean removes what a node that was not stopped (its process killed) left behind:
+// its processes and containerd's shims, kube-proxy's tables, the bridge, the cgroups,
+// the files in fixed places and, when dir is the node's folder, the mounts under it and
+// the log links into it. It does not remove the folder. It refuses while a node runs
+// (holds the machine's node lock).
+func Clean(dir string) error {
+	f, err := os.OpenFile(lockFile, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil { // #nosec G115 -- a file descriptor
+		return fmt.Errorf("a node runs on this machine (make cluster, or the node suite of make test; it holds %s): stop it first: %w", lockFile, err)
+	}
+	return clean(dir, nil)
+}
+
 // clean removes what the node's processes made outside their own bookkeeping, after
 // they stopped: any process left (a shim), the tables, the bridge, the mounts under dir,
 // the cgroups, the log links, the files in fixed places and those of made (folders

@@ -108,6 +108,8 @@ func Start(ctx context.Context, cp *controlplane.Env, opts Options) (n *Node, er
 			return nil, err
 		}
 		n.removeDir = true
+	} else if err := os.MkdirAll(n.Dir, 0o700); err != nil {
+		return n, err
 	}
 	// Others may pass through to the volumes (a test reads the registry file as the
 	// Pod's user), but list nothing.
@@ -273,6 +275,19 @@ func (n *Node) Push(ctx context.Context, o PushOptions) (string, error) {
 	digest, err := cmd.Output()
 	if err != nil {
 		return "", fmt.Errorf("image %s: %v\n%s", o.Ref, err, stderr.String())
+	}
+	return strings.TrimSpace(string(digest)), nil
+}
+
+// PushLayout pushes the image of an OCI layout (make image's bin/image/oci) to the
+// node's registry as ref, returning its digest.
+func (n *Node) PushLayout(ctx context.Context, layout, ref string) (string, error) {
+	cmd := exec.CommandContext(ctx, n.imageTool, "-layout", layout, "-push", ref) // #nosec G204 -- the project's image tool
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	digest, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("push %s as %s: %v\n%s", layout, ref, err, stderr.String())
 	}
 	return strings.TrimSpace(string(digest)), nil
 }
