@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that the tests and `make cluster` run, when any is
 # missing: PostgreSQL 15 and the sqlite3 and psql shells (the registries), and the
-# node's containerd, runc, CNI plugins and nftables (package node). Only root can; others
+# node's containerd, runc, CNI plugins and nftables, and gcc with a static libc for its
+# pause image (package node). Only root can; others
 # are told what to install. Nothing is downloaded from anywhere but Debian's mirrors.
 set -o errexit -o nounset -o pipefail
 
@@ -12,6 +13,9 @@ command -v sqlite3 >/dev/null || missing+=(sqlite3)
 [[ -x /usr/sbin/runc ]] || missing+=(runc)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
 [[ -x /usr/sbin/nft ]] || missing+=(nftables)
+# The node's pause image is built from Kubernetes' pause.c, static.
+command -v gcc >/dev/null || missing+=(gcc)
+[[ "$(gcc -print-file-name=libc.a 2>/dev/null)" == /* ]] || missing+=(libc6-dev)
 command -v ip >/dev/null || missing+=(iproute2)
 
 if [[ ${#missing[@]} -eq 0 ]]; then

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,9 @@ func clusterMain(ctx context.Context, args []string) error {
 }
 
 func cluster(ctx context.Context, stateDir, layout string, helmArgs []string) (err error) {
+	if os.Geteuid() != 0 {
+		return errors.New("make cluster runs a kubelet, which needs root: run it as root")
+	}
 	root, err := os.Getwd()
 	if err != nil {
 		return err
@@ -50,37 +54,44 @@ func cluster(ctx context.Context, stateDir, layout string, helmArgs []string) (e
 	if _, err := os.Stat(filepath.Join(layout, "index.json")); err != nil {
 		return fmt.Errorf("no controller image in %s (make image writes it): %w", layout, err)
 	}
-	// Each run starts a new cluster: what an earlier one left is removed first.
-	if err := node.Clean(filepath.Join(state, "node")); err != nil {
-		return fmt.Errorf("remove what the last cluster left: %w", err)
-	}
-	if err := os.RemoveAll(state); err != nil {
+	// Each run starts a new cluster in the state folder, which must be one of ours.
+	if err := claimStateDir(state); err != nil {
 		return err
 	}
 
-	say("Starting the control plane from bin/k8s, listening on this machine's address so that Pods reach it (state in %s)", state)
-	cp, err := controlplane.Start(controlplane.Options{Root: root, Dir: filepath.Join(state, "controlplane"), ForNode: true, WithoutAdmissionPolicy: true})
-	if err != nil {
-		return err
-	}
+	say("Reserving this machine for the node %s (its address %s, on the bridge %s)", node.Name, node.IP, node.Bridge)
+	n, err := node.New(ctx, root, node.Options{Dir: filepath.Join(state, "node"), Log: func(f string, a ...any) { say(f, a...) }})
+	var cp *controlplane.Env
 	defer func() {
-		say("Stopping the control plane")
-		if err = errors.Join(err, cp.Stop()); err == nil {
-			say("Stopped; the logs stay in %s until the next make cluster", state)
-		}
-	}()
-	say("Starting the node %s: containerd, kubelet, kube-proxy and kube-scheduler", node.Name)
-	n, err := node.Start(ctx, cp, node.Options{Dir: filepath.Join(state, "node"), Log: func(f string, a ...any) { say(f, a...) }})
-	if n != nil {
-		defer func() {
+		if n != nil {
 			say("Stopping the node: removing its Pods' containers, mounts, network and cgroups")
 			err = errors.Join(err, n.Stop())
 			if left := node.Leftovers(n.Dir); len(left) > 0 {
-				err = errors.Join(err, fmt.Errorf("the node left behind: %v (student-dev clean-node removes it)", left))
+				err = errors.Join(err, fmt.Errorf("the node left behind: %v", left))
 			}
-		}()
-	}
+		}
+		if cp != nil {
+			say("Stopping the control plane")
+			err = errors.Join(err, cp.Stop())
+		}
+		if err == nil {
+			say("Stopped; the logs stay in %s until the next make cluster", state)
+		}
+	}()
 	if err != nil {
+		return err
+	}
+	say("Starting the control plane from bin/k8s, listening on the node's address %s (state in %s)", node.IP, state)
+	if err := os.RemoveAll(filepath.Join(state, "controlplane")); err != nil {
+		return err
+	}
+	cp, err = controlplane.Start(controlplane.Options{Root: root, Dir: filepath.Join(state, "controlplane"),
+		NodeAddress: node.IP.String(), WithoutAdmissionPolicy: true})
+	if err != nil {
+		return err
+	}
+	say("Starting the node %s: containerd, kubelet, kube-proxy and kube-scheduler", node.Name)
+	if err := n.Start(ctx, cp); err != nil {
 		return err
 	}
 
@@ -159,27 +170,44 @@ func waitPodsReady(ctx context.Context, kube kubernetes.Interface) error {
 	return nil
 }
 
-// cleanNodeMain is `student-dev clean-node`: removes what a node that was killed left.
+// claimStateDir makes state the cluster's state folder: missing, empty, or one an
+// earlier make cluster marked; never any other folder, which it would empty.
+func claimStateDir(state string) error {
+	const mark = ".student-cluster"
+	entries, err := os.ReadDir(state)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if len(entries) > 0 {
+		if _, err := os.Stat(filepath.Join(state, mark)); err != nil {
+			return fmt.Errorf("%s holds files and is not a cluster's state folder (no %s): choose another --state-dir", state, mark)
+		}
+	}
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(state, mark), nil, 0o600)
+}
+
+// cleanNodeMain is `student-dev clean-node`: removes what a node that was killed
+// left, from the record it kept.
 func cleanNodeMain(args []string) error {
 	fs := flag.NewFlagSet("clean-node", flag.ExitOnError)
-	stateDir := fs.String("state-dir", ".local/cluster", "The cluster's state folder (its node folder's mounts are removed too).")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	state, err := filepath.Abs(*stateDir)
+	if os.Geteuid() != 0 {
+		return errors.New("a node's leftovers belong to root: run it as root")
+	}
+	removed, err := node.Recover()
+	for _, r := range removed {
+		say("removed %s", r)
+	}
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(state, "node")
-	before := node.Leftovers(dir)
-	if err := node.Clean(dir); err != nil {
-		return err
-	}
-	for _, l := range before {
-		say("removed %s", l)
-	}
-	if left := node.Leftovers(dir); len(left) > 0 {
-		return fmt.Errorf("still there: %v", left)
+	if left := node.Leftovers(""); len(left) > 0 {
+		return fmt.Errorf("no node of ours recorded these, so they stay (another Kubernetes node's?):\n  %s", strings.Join(left, "\n  "))
 	}
 	say("nothing of a node is left")
 	return nil

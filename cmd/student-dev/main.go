@@ -26,8 +26,14 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
+	// After the first signal, a second one ends this process at once (its children get
+	// SIGKILL or SIGTERM, and the next make cluster removes what a node left).
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	if len(os.Args) > 1 && (os.Args[1] == "cluster" || os.Args[1] == "clean-node") {
 		var err error
 		if os.Args[1] == "cluster" {

@@ -7,6 +7,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	studentclient "github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/internal/testenv/node"
 )
@@ -46,8 +48,32 @@ func runTests(m *testing.M) (code int) {
 		fmt.Fprintf(os.Stderr, "the node suite cannot run: %v\n", err)
 		return 1
 	}
-	var err error
-	if cp, err = controlplane.Start(controlplane.Options{ForNode: true, WithoutAdmissionPolicy: true}); err != nil {
+	if os.Geteuid() != 0 {
+		return fail(errors.New("it runs a kubelet, which needs root: run make test as root"))
+	}
+	ctx := context.Background()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return fail(err)
+	}
+	nd, err = node.New(ctx, root, node.Options{Log: func(f string, args ...any) { fmt.Fprintf(os.Stderr, f+"\n", args...) }})
+	defer func() {
+		if nd == nil {
+			return
+		}
+		if err := nd.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stop the node: %v\n", err)
+			code = 1
+		}
+		if left := node.Leftovers(nd.Dir); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "the node left behind:\n  %s\n", strings.Join(left, "\n  "))
+			code = 1
+		}
+	}()
+	if err != nil {
+		return fail(err)
+	}
+	if cp, err = controlplane.Start(controlplane.Options{Root: root, NodeAddress: node.IP.String(), WithoutAdmissionPolicy: true}); err != nil {
 		return fail(err)
 	}
 	defer func() {
@@ -55,21 +81,7 @@ func runTests(m *testing.M) (code int) {
 			fmt.Fprintf(os.Stderr, "stop the control plane: %v\n", err)
 		}
 	}()
-	ctx := context.Background()
-	nd, err = node.Start(ctx, cp, node.Options{Log: func(f string, args ...any) { fmt.Fprintf(os.Stderr, f+"\n", args...) }})
-	if nd != nil {
-		defer func() {
-			if err := nd.Stop(); err != nil {
-				fmt.Fprintf(os.Stderr, "stop the node: %v\n", err)
-				code = 1
-			}
-			if left := node.Leftovers(nd.Dir); len(left) > 0 {
-				fmt.Fprintf(os.Stderr, "the node left behind:\n  %s\n", strings.Join(left, "\n  "))
-				code = 1
-			}
-		}()
-	}
-	if err != nil {
+	if err := nd.Start(ctx, cp); err != nil {
 		return fail(err)
 	}
 	kube = kubernetes.NewForConfigOrDie(cp.Config)

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-controller/student-controller/internal/testenv"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
@@ -25,15 +26,19 @@ const systemNamespace = "student-controller-system"
 func TestHelmInstall(t *testing.T) {
 	cleanupInstall(t, "helm", "student-controller", systemNamespace)
 	restrictedNamespace(t, systemNamespace)
-	run(t, "helm", "install", "student-controller", "charts/student-controller", "--namespace", systemNamespace,
+	out := run(t, "helm", "install", "student-controller", "charts/student-controller", "--namespace", systemNamespace,
 		"--set", "image.repository="+image.repository, "--set", "image.digest="+image.digest)
+	// The chart's notes say where the registry is.
+	if !strings.Contains(out, "a SQLite file on the claim student-controller-registry") {
+		t.Errorf("helm install's notes do not say the registry is on the claim:\n%s", out)
+	}
 	checkInstall(t, "student-controller-registry")
 	checkMetricsAccess(t)
 	// kubectl logs: the API server reaches the kubelet, which reads the container's log.
 	if out := run(t, "kubectl", "-n", systemNamespace, "logs", "deploy/student-controller"); !strings.Contains(out, "Started workers") {
 		t.Errorf("kubectl logs deploy/student-controller: no \"Started workers\" in\n%s", out)
 	}
-	out := run(t, "uninstall", "--yes", "helm", "student-controller", systemNamespace)
+	out = run(t, "uninstall", "--yes", "helm", "student-controller", systemNamespace)
 	assertUninstalled(t, out)
 }
 
@@ -112,16 +117,43 @@ func checkInstall(t *testing.T, claim string) {
 		p := readyPodsNow(ctx)
 		return len(p) == 1 && p[0].Name != pods[0].Name, nil
 	}, diagnose)
-	// It has synced every Student (they stay Ready) and its sweep has run: the rows are
-	// as they were, none lost and none written again.
-	waitReady(t, ns, "ada", diagnose)
-	if !waitSwept(t) {
-		t.Fatalf("the new Pod's sweep did not run\n%s", diagnose())
+	// Its sweep found every row as it should be, it wrote none, and the rows are as
+	// they were: none lost, none written again.
+	clean, metrics := waitSweptClean(t)
+	if !clean {
+		t.Fatalf("the new Pod's sweep did not find the registry clean; its metrics:\n%s\n%s", grepMetrics(metrics), diagnose())
+	}
+	if written := testenv.MetricSum(metrics, "student_controller_registry_rows_written_total", nil); written != 0 {
+		t.Errorf("the new Pod wrote %v rows, want none:\n%s", written, grepMetrics(metrics))
 	}
 	after := sqliteRows(t, db)
 	if !maps.Equal(before, after) {
 		t.Errorf("the rows changed across the Pod's restart:\nbefore %+v\nafter  %+v", before, after)
 	}
+	// And it works: a change to a Student reaches its row.
+	s, err := stu.BolingcavalryV1().Students(ns).Get(ctx, "ada", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Spec.School = "Moved School"
+	if _, err := stu.BolingcavalryV1().Students(ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, ns, "ada", diagnose)
+	if row := sqliteRows(t, db)[string(ada.UID)]; row.school != "Moved School" {
+		t.Errorf("the new Pod did not write the changed school: %+v", row)
+	}
+}
+
+// grepMetrics keeps the controller's own lines of a scrape.
+func grepMetrics(body string) string {
+	var keep []string
+	for line := range strings.Lines(body) {
+		if strings.HasPrefix(line, "student_controller_sweep_total") || strings.HasPrefix(line, "student_controller_registry_rows_written_total") {
+			keep = append(keep, strings.TrimSpace(line))
+		}
+	}
+	return strings.Join(keep, "\n")
 }
 
 // assertUninstalled checks hack/uninstall.sh's end: no Student, no CRD, nothing

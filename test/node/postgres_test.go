@@ -34,13 +34,13 @@ func startPostgres(t *testing.T) *postgres {
 	t.Helper()
 	ctx := context.Background()
 	pg := &postgres{server: pgtest.ForTest(t)}
-	if err := pg.server.ListenFor(ctx, nd.HostIP.String(), node.PodCIDR); err != nil {
+	if err := pg.server.ListenFor(ctx, node.IP.String(), node.PodCIDR); err != nil {
 		t.Fatal(err)
 	}
 	if err := pg.server.CreateDatabase(ctx, "students"); err != nil {
 		t.Fatal(err)
 	}
-	pg.url = pg.server.HostURL("students", nd.HostIP.String(), false)
+	pg.url = pg.server.HostURL("students", node.IP.String(), false)
 	var err error
 	if pg.db, err = sql.Open("pgx", pg.server.URL("students", true)); err != nil {
 		t.Fatal(err)
@@ -136,7 +136,9 @@ func TestPostgresKustomize(t *testing.T) {
 	if err := kube.CoreV1().Pods(systemNamespace).Delete(context.Background(), leader, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	next := waitNewLeader(t, leader, 15*time.Second)
+	// It lets the Lease go as it stops, so the other takes over within a retry period
+	// (2 s), not the lease duration (15 s) it would wait out after a crash.
+	next := waitNewLeader(t, leader, 8*time.Second)
 	t.Logf("the Lease went from %s to %s in %s", leader, next, time.Since(deleted).Round(100*time.Millisecond))
 	add("after-failover")
 
@@ -260,6 +262,19 @@ func TestPostgresHelm(t *testing.T) {
 			}
 			return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 1 && podReady(p), nil
 		}, diagnose)
+		// For its liveness probe, which the kubelet reports.
+		events, err := kube.CoreV1().Events(systemNamespace).List(context.Background(), metav1.ListOptions{
+			FieldSelector: "involvedObject.name=" + pods[0].Name + ",reason=Unhealthy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		liveness := false
+		for _, e := range events.Items {
+			liveness = liveness || strings.HasPrefix(e.Message, "Liveness probe failed")
+		}
+		if !liveness {
+			t.Errorf("no Event says the liveness probe failed: %+v", events.Items)
+		}
 		students = append(students, newStudent(t, ns, "after-restart", studentv1.DeletionPolicyDelete))
 		waitReady(t, ns, "after-restart", diagnose)
 	})
@@ -284,8 +299,12 @@ func TestPostgresHelm(t *testing.T) {
 			c := meta.FindStatusCondition(got.Status.Conditions, studentv1.ConditionReady)
 			return c != nil && c.Status == metav1.ConditionFalse, nil
 		}, diagnose)
-		if ready := readyPodsNow(context.Background()); len(ready) != 1 {
-			t.Errorf("%d controller Pods ready during the registry outage, want 1: readiness does not ask the registry", len(ready))
+		// Readiness does not ask the registry: the Pod stays ready through the outage
+		// (the readiness probe runs every 5 s, and 3 failures would show).
+		for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+			if ready := readyPodsNow(context.Background()); len(ready) != 1 {
+				t.Fatalf("%d controller Pods ready during the registry outage, want 1: readiness does not ask the registry\n%s", len(ready), diagnose())
+			}
 		}
 		run(t, "kubectl", "drain", node.Name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=3m")
 		run(t, "kubectl", "uncordon", node.Name)

@@ -147,18 +147,21 @@ func scrape(t *testing.T, token string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-// waitSwept waits until the controller (one Pod behind the Service) reports a finished
-// sweep.
-func waitSwept(t *testing.T) bool {
+// waitSweptClean waits until the controller (one Pod behind the Service) reports a
+// sweep that found the registry as it should be, and says what its counters of
+// written rows and sweeps show.
+func waitSweptClean(t *testing.T) (clean bool, metrics string) {
 	t.Helper()
 	token := scraper(t)
 	deadline := time.Now().Add(time.Minute)
+	var body string
 	for time.Now().Before(deadline) {
-		code, body := scrape(t, token)
-		if code == http.StatusOK && testenv.MetricSum(body, "student_controller_sweep_total", nil) >= 1 {
-			return true
+		var code int
+		code, body = scrape(t, token)
+		if code == http.StatusOK && testenv.MetricSum(body, "student_controller_sweep_total", func(l string) bool { return l == `outcome="clean"` }) >= 1 {
+			return true, body
 		}
 		time.Sleep(time.Second)
 	}
-	return false
+	return false, body
 }

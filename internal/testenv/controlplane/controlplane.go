@@ -37,6 +37,9 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
+// NodeServiceCIDR is the Services' address range of a control plane with a node.
+const NodeServiceCIDR = "198.18.0.0/24"
+
 // The controller's identity in a cluster, from config/rbac.
 const (
 	ControllerNamespace      = "student-controller-system"
@@ -83,11 +86,12 @@ type Options struct {
 	// APIServerFlags are set on kube-apiserver's command line, over the defaults:
 	// flag name (without dashes) to value, e.g. {"watch-cache": "false"}.
 	APIServerFlags map[string]string
-	// ForNode readies the control plane for a node (package node): the API server
-	// listens on the machine's own address, which Pods reach through the kubernetes
-	// Service, ServiceAccounts get their tokens mounted, and kube-controller-manager
-	// runs what Pods, Deployments, Services and volumes need (NodeControllers).
-	ForNode bool
+	// NodeAddress readies the control plane for a node (package node) with this
+	// address: the API server listens there, where the Pods reach it through the
+	// kubernetes Service, ServiceAccounts get their tokens mounted, Services get
+	// addresses from NodeServiceCIDR, and kube-controller-manager runs what Pods,
+	// Deployments, Services and volumes need (NodeControllers).
+	NodeAddress string
 }
 
 // Start starts etcd, kube-apiserver and kube-controller-manager from bin/k8s, installs
@@ -150,12 +154,8 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 	}
 	e.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	apiAddress := "127.0.0.1"
-	if opts.ForNode {
-		ip, err := HostIP()
-		if err != nil {
-			return err
-		}
-		apiAddress = ip.String()
+	if opts.NodeAddress != "" {
+		apiAddress = opts.NodeAddress
 	}
 	e.apiURL = "https://" + net.JoinHostPort(apiAddress, strconv.Itoa(ports[2]))
 	e.Etcd = proc.New(proc.Spec{
@@ -208,7 +208,11 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 		// No ServiceAccount controller runs to make the default ServiceAccounts.
 		"disable-admission-plugins": "ServiceAccount",
 	}
-	if opts.ForNode {
+	if opts.NodeAddress != "" {
+		// kube-proxy drops this machine's new connections to any address of the range
+		// that no Service has: a range from the one set aside for benchmarks (RFC 2544),
+		// which no network of this machine's uses.
+		flags["service-cluster-ip-range"] = NodeServiceCIDR
 		// Pods get their ServiceAccount's token mounted, and the controller manager
 		// makes each namespace's default ServiceAccount.
 		delete(flags, "disable-admission-plugins")
@@ -251,7 +255,7 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 		return fmt.Errorf("install the CRD: %w", err)
 	}
 	if !opts.WithoutControllerManager {
-		if e.ControllerManager, err = startControllerManager(filepath.Join(bin, "kube-controller-manager"), e.Kubeconfig, e.Dir, opts.ForNode); err != nil {
+		if e.ControllerManager, err = startControllerManager(filepath.Join(bin, "kube-controller-manager"), e.Kubeconfig, e.Dir, opts.NodeAddress != ""); err != nil {
 			return err
 		}
 	}
@@ -404,19 +408,4 @@ func randomToken() (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(b), nil
-}
-
-// HostIP is the machine's own address: the one its default route leaves from (no
-// packet is sent to find it).
-func HostIP() (net.IP, error) {
-	conn, err := net.Dial("udp4", "192.0.2.1:9") // #nosec G102 -- a UDP socket only asks the routing table
-	if err != nil {
-		return nil, fmt.Errorf("find the machine's address (its default route): %w", err)
-	}
-	defer conn.Close()
-	ip := conn.LocalAddr().(*net.UDPAddr).IP
-	if ip.IsLoopback() {
-		return nil, fmt.Errorf("the machine's default route leaves from %s, a loopback address that Pods cannot reach", ip)
-	}
-	return ip, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,12 +35,35 @@ const (
 	cniResults    = "/var/lib/cni/results"
 )
 
+// shimSockets is where containerd's shims listen, whatever containerd's folders; a
+// shim that was killed leaves its socket.
+const shimSockets = "/run/containerd/s"
+
+// removeStaleSockets removes the sockets in dir that nothing listens on any more.
+func removeStaleSockets(dir string) error {
+	entries, _ := os.ReadDir(dir)
+	var errs []error
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if e.Type()&fs.ModeSocket == 0 {
+			continue
+		}
+		if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
+			_ = c.Close()
+			continue
+		} else if errors.Is(err, syscall.ECONNREFUSED) {
+			errs = append(errs, os.Remove(p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // fixedFolders hold those files (and containerd's shims' sockets, in /run/containerd/s,
 // which the shims remove as they exit): Stop removes each that was not there before
 // Start, once it is empty. Deepest first.
 var fixedFolders = []string{
 	"/var/lib/kubelet/device-plugins", "/var/lib/kubelet", cniResults, "/var/lib/cni",
-	"/run/containerd/s", "/run/containerd", containerLogs,
+	shimSockets, "/run/containerd", containerLogs,
 }
 
 // missingFolders are those of fixedFolders that do not exist.
@@ -98,21 +122,19 @@ func Leftovers(dir string) []string {
 	return left
 }
 
-// Clean removes what a node that was not stopped (its process killed) left behind:
-// its processes and containerd's shims, kube-proxy's tables, the bridge, the cgroups,
-// the files in fixed places and, when dir is the node's folder, the mounts under it and
-// the log links into it. It does not remove the folder. It refuses while a node runs
-// (holds the machine's node lock).
-func Clean(dir string) error {
+// Recover removes what a node of this machine that was killed left behind, from the
+// record it wrote, and says what it removed: for `student-dev clean-node`. It refuses
+// while a node runs (holds the machine's node lock). New does the same by itself.
+func Recover() ([]string, error) {
 	f, err := os.OpenFile(lockFile, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer f.Close()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil { // #nosec G115 -- a file descriptor
-		return fmt.Errorf("a node runs on this machine (make cluster, or the node suite of make test; it holds %s): stop it first: %w", lockFile, err)
+		return nil, fmt.Errorf("a node runs on this machine (make cluster, or a test suite's; it holds %s): stop it first: %w", lockFile, err)
 	}
-	return clean(dir, nil)
+	return recoverKilled()
 }
 
 // clean removes what the node's processes made outside their own bookkeeping, after
@@ -135,14 +157,7 @@ func clean(dir string, made []string) error {
 		}
 	}
 	if dir != "" {
-		// Deepest first, detached: a mount that is still busy goes when its last user does.
-		mounts := mountsUnder(dir)
-		sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
-		for _, m := range mounts {
-			if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
-			}
-		}
+		errs = append(errs, unmountUnder(dir))
 		for _, l := range logLinksInto(dir) {
 			errs = append(errs, os.Remove(l))
 		}
@@ -152,8 +167,31 @@ func clean(dir string, made []string) error {
 		errs = append(errs, os.Remove(f))
 	}
 	for _, d := range made {
-		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if d == shimSockets {
+			errs = append(errs, removeStaleSockets(d))
+		}
+		remove := os.Remove // only once empty
+		if d == "/var/lib/cni" || d == cniResults {
+			// The CNI library's cache, which this node's containerd began: its loopback
+			// entries too, which carry no name of ours.
+			remove = os.RemoveAll
+		}
+		if err := remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove the folder the node made: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmountUnder unmounts every mount at or below dir, deepest first, detached: a mount
+// that is still busy goes when its last user does.
+func unmountUnder(dir string) error {
+	var errs []error
+	mounts := mountsUnder(dir)
+	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
+	for _, m := range mounts {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -311,12 +349,4 @@ func restoreSysctls(before map[string]string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func formatSysctls(values map[string]string) string {
-	var b strings.Builder
-	for _, s := range slices.Sorted(maps.Keys(values)) {
-		fmt.Fprintf(&b, "%s = %s\n", strings.ReplaceAll(s, "/", "."), values[s])
-	}
-	return b.String()
 }

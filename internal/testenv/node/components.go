@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -63,8 +65,8 @@ disabled_plugins = [
     endpoint = ["http://{{registry}}"]
 `
 
-func (n *Node) startContainerd(ctx context.Context) error {
-	config := strings.NewReplacer("{{dir}}", n.Dir, "{{pause}}", n.pauseImage(), "{{cni}}", cniBin,
+func (n *Node) startContainerd(ctx context.Context, pause string) error {
+	config := strings.NewReplacer("{{dir}}", n.Dir, "{{pause}}", pause, "{{cni}}", cniBin,
 		"{{runc}}", runcBin, "{{registry}}", n.Registry).Replace(containerdConfig)
 	if err := os.WriteFile(n.path("containerd.toml"), []byte(config), 0o600); err != nil {
 		return err
@@ -121,7 +123,7 @@ func (n *Node) writeCNIConfig() error {
 	return os.WriteFile(n.path("cni", "net.d", "10-student-node.conflist"), b, 0o600)
 }
 
-func (n *Node) startKubelet(ctx context.Context) error {
+func (n *Node) startKubelet() error {
 	if err := makeCgroupRoot(); err != nil {
 		return err
 	}
@@ -135,9 +137,9 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	endpoint := "unix://" + n.socket()
 	cfg := kubeletv1beta1.KubeletConfiguration{
 		TypeMeta: metav1.TypeMeta{APIVersion: "kubelet.config.k8s.io/v1beta1", Kind: "KubeletConfiguration"},
-		// The API server reaches the kubelet (logs, exec) on the node's address;
-		// anyone who can reach it may: a test node, on a test machine.
-		Address:      n.HostIP.String(),
+		// The API server reaches the kubelet (logs, exec) on the node's address, which
+		// only this machine and its Pods reach; and so anyone who reaches it may.
+		Address:      IP.String(),
 		Port:         int32(ports[0]), // #nosec G115 -- a port number
 		ReadOnlyPort: 0,
 		Authentication: kubeletv1beta1.KubeletAuthentication{
@@ -185,7 +187,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 			"--root-dir=" + n.path("kubelet"),
 			"--cert-dir=" + n.path("kubelet", "pki"),
 			"--hostname-override=" + Name,
-			"--node-ip=" + n.HostIP.String(),
+			"--node-ip=" + IP.String(),
 		},
 		Env: []string{marker, "PATH=" + n.path("bin") + ":" + os.Getenv("PATH")},
 		Log: n.path("kubelet.log")})
@@ -205,7 +207,7 @@ func (n *Node) startKubeProxy() error {
 		ClusterCIDR:        PodCIDR,
 		HealthzBindAddress: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
 		MetricsBindAddress: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])),
-		NodePortAddresses:  []string{n.HostIP.String() + "/32"},
+		NodePortAddresses:  []string{IP.String() + "/32"},
 		// Leave the machine's conntrack settings as they are.
 		Conntrack: proxyv1alpha1.KubeProxyConntrackConfiguration{
 			MaxPerCore:            ptr.To(int32(0)),
@@ -220,6 +222,7 @@ func (n *Node) startKubeProxy() error {
 	if err := os.WriteFile(n.path("kube-proxy.yaml"), b, 0o600); err != nil {
 		return err
 	}
+	n.proxyHealth = "http://" + cfg.HealthzBindAddress + "/healthz"
 	n.KubeProxy = proc.New(proc.Spec{Name: "kube-proxy", Path: filepath.Join(n.cp.Root, "bin", "k8s", "kube-proxy"),
 		Args: []string{"--config=" + n.path("kube-proxy.yaml")}, Log: n.path("kube-proxy.log"),
 		Env: []string{marker, "PATH=" + n.path("bin") + ":" + os.Getenv("PATH")}})
@@ -231,6 +234,7 @@ func (n *Node) startScheduler() error {
 	if err != nil {
 		return err
 	}
+	n.schedulerHealth = fmt.Sprintf("https://127.0.0.1:%d/healthz", ports[0])
 	n.Scheduler = proc.New(proc.Spec{Env: []string{marker}, Name: "kube-scheduler", Path: filepath.Join(n.cp.Root, "bin", "k8s", "kube-scheduler"),
 		Args: []string{
 			"--kubeconfig=" + n.cp.Kubeconfig,
@@ -255,6 +259,37 @@ func (n *Node) withoutIptables() error {
 	const script = "#!/bin/sh\necho 'the student node uses nftables (kube-proxy), not iptables' >&2\nexit 1\n"
 	for _, name := range []string{"iptables", "ip6tables", "iptables-save", "ip6tables-save", "iptables-restore", "ip6tables-restore"} {
 		if err := os.WriteFile(n.path("bin", name), []byte(script), 0o700); err != nil { // #nosec G306 -- a script of ours
+			return err
+		}
+	}
+	return nil
+}
+
+// waitServing waits until kube-proxy has programmed its rules and kube-scheduler
+// serves, each answering its health check, and both still run.
+func (n *Node) waitServing(ctx context.Context) error {
+	client := &http.Client{Timeout: 2 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // #nosec G402 -- a local health check of a self-signed server
+	for _, c := range []struct {
+		p   *proc.Process
+		url string
+	}{{n.KubeProxy, n.proxyHealth}, {n.Scheduler, n.schedulerHealth}} {
+		var last error
+		ok, err := c.p.WaitUntil(ctx, time.Minute, func() bool {
+			resp, err := client.Get(c.url)
+			if last = err; err != nil {
+				return false
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				last = errors.New(resp.Status)
+			}
+			return resp.StatusCode == http.StatusOK
+		})
+		if err == nil && !ok {
+			err = fmt.Errorf("%s not healthy at %s within a minute (last: %v); its log %s ends:\n%s", c.p.Name(), c.url, last, c.p.LogPath(), c.p.Tail(20))
+		}
+		if err != nil {
 			return err
 		}
 	}

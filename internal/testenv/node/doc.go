@@ -1,5 +1,5 @@
 // Package node runs a real one-node cluster on this machine, beside a control plane
-// (package controlplane, started with ForNode): containerd, runc and the CNI plugins
+// (package controlplane, started with NodeAddress): containerd, runc and the CNI plugins
 // from Debian's packages, and kube-scheduler, kubelet and kube-proxy built into bin/k8s
 // by `make node`. The node pulls its images from a registry of its own (hack/tools/image
 // -serve, in memory), into which it pushes a pause image built here from Kubernetes'
