@@ -134,7 +134,9 @@ func tryRun(name string, args ...string) (string, error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...) // #nosec G204 -- the test's own commands
 	cmd.Dir = cp.Root
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+cp.Kubeconfig, "HELM="+filepath.Join(cp.Root, "bin", "tools", "helm"))
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+cp.Kubeconfig, "HELM="+filepath.Join(cp.Root, "bin", "tools", "helm"),
+		// hack/uninstall.sh waits this long for the controller to let the Students go.
+		"UNINSTALL_TIMEOUT=90s")
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -176,6 +178,7 @@ func cleanupInstall(t *testing.T, how ...string) {
 			t.Logf("what the cluster showed at the end:\n%s", describe(systemNamespace))
 		}
 		if _, err := kube.Discovery().ServerResourcesForGroupVersion("bolingcavalry.k8s.io/v1"); err == nil {
+			// Briefly: a controller the test froze or broke deletes nothing.
 			_, _ = tryRun("uninstall", append([]string{"--yes"}, how...)...)
 		}
 		switch how[0] {
