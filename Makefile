@@ -37,7 +37,7 @@ verify: ## Fail when generated code or docs are stale, code is unformatted or go
 	cd hack/tools/image && go mod tidy -diff && go vet .
 
 .PHONY: lint
-lint: ## Run the outside checkers (hack/lint.sh): staticcheck, gosec, govulncheck, kube-score, kubectl-validate.
+lint: ## Run the outside checkers (hack/lint.sh): staticcheck, gosec, govulncheck, helm lint, promtool, kube-score.
 	hack/lint.sh
 
 .PHONY: controlplane

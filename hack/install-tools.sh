@@ -2,8 +2,8 @@
 # Installs the outside tools that `make lint` and the tests run into bin/tools: all of
 # them, or those named (hack/install-tools.sh helm). The checkers are pinned here and
 # built with `go install MODULE@VERSION`, each with the dependencies its own go.mod names
-# (one shared tools module cannot hold them: kubectl-validate v0.0.4 needs a k8s.io/api
-# that the others have moved past); Helm is pinned by its tools module, hack/tools/helm.
+# (one shared tools module cannot hold them: their dependencies' versions differ); Helm
+# is pinned by its tools module, hack/tools/helm.
 # A tool is rebuilt only when its version or the Go toolchain changes. Nothing comes from
 # anywhere but the Go module proxy.
 set -o errexit -o nounset -o pipefail
@@ -12,14 +12,15 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${ROOT}/bin/tools"
 mkdir -p "${BIN}"
 
-# name  package@version
+# name  package@version  [build tags]
+# promtool is built without Prometheus' service discoveries (remove_all_sd: the cloud
+# SDKs, most of its build); checking and testing rules needs none.
 TOOLS=(
 	"staticcheck honnef.co/go/tools/cmd/staticcheck@v0.8.2"
 	"gosec github.com/securego/gosec/v2/cmd/gosec@v2.30.0"
 	"govulncheck golang.org/x/vuln/cmd/govulncheck@v1.9.0"
 	"kube-score github.com/zegl/kube-score/cmd/kube-score@v1.20.0"
-	"kubectl-validate sigs.k8s.io/kubectl-validate@v0.0.4"
-	"promtool github.com/prometheus/prometheus/cmd/promtool@v0.316.0"
+	"promtool github.com/prometheus/prometheus/cmd/promtool@v0.316.0 remove_all_sd"
 )
 
 wanted() { [[ -z "${WANTED}" || " ${WANTED} " == *" $1 "* ]]; }
@@ -30,13 +31,15 @@ goversion="$(go env GOVERSION)"
 up_to_date() { [[ -x "${BIN}/$1" && -f "${BIN}/.$1.version" && "$(cat "${BIN}/.$1.version")" == "$2 ${goversion}" ]]; }
 
 for entry in "${TOOLS[@]}"; do
-	read -r name pkg <<<"${entry}"
-	if ! wanted "${name}" || up_to_date "${name}" "${pkg}"; then
+	read -r name pkg tags <<<"${entry}"
+	if ! wanted "${name}" || up_to_date "${name}" "${pkg}${tags:+ tags=${tags}}"; then
 		continue
 	fi
-	echo "tools: installing ${pkg} (${goversion}) ..."
-	GOBIN="${BIN}" go install "${pkg}"
-	echo "${pkg} ${goversion}" >"${BIN}/.${name}.version"
+	echo "tools: installing ${pkg}${tags:+ (tags ${tags})} (${goversion}) ..."
+	start=${SECONDS}
+	GOBIN="${BIN}" go install ${tags:+-tags "${tags}"} "${pkg}"
+	echo "${pkg}${tags:+ tags=${tags}} ${goversion}" >"${BIN}/.${name}.version"
+	echo "tools: ${name} built in $((SECONDS - start))s"
 done
 
 if wanted helm; then
@@ -44,7 +47,9 @@ if wanted helm; then
 	version="$(cat "${module}/go.mod" "${module}/go.sum" | sha256sum | cut -d' ' -f1)"
 	if ! up_to_date helm "${version}"; then
 		echo "tools: installing helm from hack/tools/helm (${goversion}) ..."
+		start=${SECONDS}
 		(cd "${module}" && GOBIN="${BIN}" go install tool)
 		echo "${version} ${goversion}" >"${BIN}/.helm.version"
+		echo "tools: helm built in $((SECONDS - start))s"
 	fi
 fi

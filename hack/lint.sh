@@ -15,7 +15,6 @@ rm -rf "${OUT}" && mkdir -p "${OUT}"
 # The Go vulnerability database as the Go module proxy serves it, and the API server's
 # OpenAPI schemas of the Kubernetes release the project targets.
 VULNDB="golang.org/x/vulndb@v0.0.0-20261105234957-e22db6528018"
-KUBERNETES="k8s.io/kubernetes@v1.37.2"
 module_dir() { go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'; }
 
 echo "lint: staticcheck"
@@ -57,22 +56,5 @@ echo "lint: kube-score"
 for manifests in default postgres chart; do
 	"${TOOLS}/kube-score" score "${OUT}/${manifests}.yaml"
 done
-
-# kubectl-validate reads one schema file per group-version, named apis/GROUP/VERSION.json;
-# the Kubernetes module names them apis__GROUP__VERSION_openapi.json.
-echo "lint: kubectl-validate (${KUBERNETES} schemas and our CRD)"
-schemas="${OUT}/schemas"
-for f in "$(module_dir "${KUBERNETES}")"/api/openapi-spec/v3/*_openapi.json; do
-	name="$(basename "${f}" _openapi.json)"
-	case "${name}" in
-	api__v1) path="api/v1" ;;
-	apis__*__*) gv="${name#apis__}" && path="apis/${gv%__*}/${gv##*__}" ;;
-	*) continue ;; # the group lists, no types
-	esac
-	mkdir -p "${schemas}/$(dirname "${path}")"
-	cp "${f}" "${schemas}/${path}.json"
-done
-"${TOOLS}/kubectl-validate" "${OUT}/default.yaml" "${OUT}/postgres.yaml" "${OUT}/samples.yaml" "${OUT}/chart.yaml" \
-	--local-schemas "${schemas}" --local-crds config/crd/bases
 
 echo "lint: all clean"

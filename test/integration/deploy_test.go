@@ -23,7 +23,9 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv"
 )
 
-// TestDeployDryRun: the API server accepts everything in config/default. (A server-side
+// TestDeployDryRun: the API server accepts everything in config/default, config/postgres
+// and config/samples, with strict field validation (kubectl's default): an unknown or
+// misspelt field fails it, as the schemas of this release say. (A server-side
 // dry run persists nothing, so the namespace it creates must exist for the objects in
 // it to be checked: it is created first, as a real first apply would have it.)
 func TestDeployDryRun(t *testing.T) {
@@ -34,7 +36,11 @@ func TestDeployDryRun(t *testing.T) {
 	}
 	out := kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "default"))
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "postgres"))
+	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "samples"))
 	for _, want := range []string{
+		"student.bolingcavalry.k8s.io/ada-lovelace",
+		"student.bolingcavalry.k8s.io/li-si",
+		"student.bolingcavalry.k8s.io/zhang-san",
 		"customresourcedefinition.apiextensions.k8s.io/students.bolingcavalry.k8s.io",
 		"mutatingadmissionpolicy.admissionregistration.k8s.io/student-registry-row-finalizer",
 		"mutatingadmissionpolicybinding.admissionregistration.k8s.io/student-registry-row-finalizer",

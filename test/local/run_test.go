@@ -30,6 +30,29 @@ func TestMakeRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What make run builds first, built here with a limit of its own: on a fresh
+	// machine, compiling the controller can take longer than starting everything (and
+	// longer still while other suites load the machine); the five minutes below are
+	// for the start.
+	build := exec.Command("make", "--no-print-directory", "controlplane", "build")
+	build.Dir = root
+	built := make(chan error, 1)
+	var buildOut []byte
+	go func() {
+		var err error
+		buildOut, err = build.CombinedOutput()
+		built <- err
+	}()
+	select {
+	case err := <-built:
+		if err != nil {
+			t.Fatalf("make controlplane build: %v\n%s", err, buildOut)
+		}
+	case <-time.After(20 * time.Minute):
+		_ = build.Process.Kill()
+		t.Fatal("make controlplane build took more than 20 minutes")
+	}
+
 	state := t.TempDir()
 	flags := fmt.Sprintf("--health-probe-bind-address=%s --metrics-bind-address=%s", testenv.Addr(t), testenv.Addr(t))
 	cmd := exec.Command("make", "--no-print-directory", "run", "STATE_DIR="+state, "RUN_FLAGS="+flags)
