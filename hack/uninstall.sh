@@ -10,7 +10,8 @@
 # delete, and asks; --yes (or UNINSTALL_YES=1) skips the question.
 #
 # 1. The Students the installation's controller manages are deleted while it still
-#    runs: those of its --namespace when it has one, else every Student. It deletes each
+#    runs: those of its --namespace when it has one, else every Student (paused ones are
+#    unpaused first: their deletion would wait). It deletes each
 #    row of a Student with deletionPolicy Delete and releases (keeps, no longer owned)
 #    each row of one with Orphan, then lets the Student go. Set deletionPolicy: Orphan
 #    first on the Students whose rows you want kept.
@@ -100,6 +101,16 @@ if [[ -z "${yes}" ]]; then
 fi
 
 if crd_exists; then
+	# A paused Student's deletion waits until it is unpaused: unpause them first. Each
+	# then has its row written from its spec again before it is deleted or released.
+	kubectl get "${CRD}" "${where[@]}" --no-headers \
+		-o custom-columns='NAMESPACE:.metadata.namespace,NAME:.metadata.name,PAUSED:.metadata.annotations.bolingcavalry\.k8s\.io/paused' |
+		while read -r ns name paused; do
+			if [[ "${paused}" == true ]]; then
+				echo "uninstall: unpausing Student ${ns}/${name}, whose deletion would wait otherwise"
+				kubectl annotate "${CRD}" "${name}" --namespace "${ns}" bolingcavalry.k8s.io/paused- >/dev/null
+			fi
+		done
 	echo "uninstall: deleting ${what}; the controller deletes or releases each row, per its deletionPolicy"
 	if ! kubectl delete "${CRD}" --all "${where[@]}" --wait --timeout="${TIMEOUT}"; then
 		echo >&2

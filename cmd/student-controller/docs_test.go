@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/klog/v2"
 
 	"github.com/student-controller/student-controller/internal/controller"
 )
@@ -26,8 +25,8 @@ func TestFlagsDoc(t *testing.T) {
 	var opts options
 	fs := flag.NewFlagSet("student-controller", flag.ContinueOnError)
 	opts.addCommandFlags(fs)
-	logging := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(logging)
+	logging := flag.NewFlagSet("logging", flag.ContinueOnError)
+	addLoggingFlags(logging)
 
 	var b strings.Builder
 	b.WriteString("# Flags\n\n" + generatedNote + "\n")
@@ -35,8 +34,9 @@ func TestFlagsDoc(t *testing.T) {
 		"registry records about its owners (`student-controller registry` prints how). Every flag also takes the form " +
 		"`-flag`; a duration is Go's (`90s`, `5m`, `1h30m`).\n\n")
 	b.WriteString(flagTable(fs))
-	b.WriteString("\n## Logging\n\nThe controller logs with klog; its flags are klog's own. `-v=2` shows each row " +
-		"written, `-v=4` each sync.\n\n")
+	b.WriteString("\n## Logging\n\nThe controller logs through klog with the logging flags of Kubernetes' own components " +
+		"(k8s.io/component-base/logs). `-v=2` shows each row written, `-v=4` each sync; `--logging-format=json` writes one " +
+		"JSON object per line, with the same key-value pairs (`student`, `uid`, `action`, `generation`, `duration`).\n\n")
 	b.WriteString(flagTable(logging))
 	golden(t, "../../docs/flags.md", b.String())
 }
@@ -120,6 +120,8 @@ func (c *collected) table(t *testing.T) string {
 			r.kind = "counter"
 		case *prometheus.HistogramVec, prometheus.Histogram:
 			r.kind = "histogram"
+		case prometheus.GaugeFunc: // last: every metric has a GaugeFunc's methods
+			r.kind = "gauge"
 		default:
 			t.Fatalf("%s: a collector of type %T; name its kind here", r.name, col)
 		}

@@ -16,6 +16,8 @@ import (
 	// Root certificates for a PostgreSQL server's TLS (sslmode=verify-full) when the
 	// system has none, as in the image, whose base is empty: used only then.
 	_ "golang.org/x/crypto/x509roots/fallback"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/klog/v2"
 	_ "modernc.org/sqlite" // the SQLite driver for sqlite: registry URLs
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -36,9 +38,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "registry" {
 		os.Exit(registryCommand(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
 	}
-	klog.InitFlags(nil)
 	var opts options
 	opts.addCommandFlags(flag.CommandLine)
+	logging := addLoggingFlags(flag.CommandLine)
 	flag.Parse()
 	if opts.version {
 		fmt.Println(versionString())
@@ -52,6 +54,10 @@ func main() {
 	}
 	if err := opts.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "student-controller: %v\n", err)
+		os.Exit(2)
+	}
+	if err := logsapi.ValidateAndApply(logging, nil); err != nil {
+		fmt.Fprintf(os.Stderr, "student-controller: logging flags: %v\n", err)
 		os.Exit(2)
 	}
 	if opts.pprofAddr == "0" {
@@ -76,4 +82,14 @@ func main() {
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+// addLoggingFlags adds the logging flags of Kubernetes' own components
+// (k8s.io/component-base/logs), as kube-controller-manager has them: -v, --vmodule,
+// --logging-format (text, the default, or json), --log-flush-frequency and the alpha
+// stream options. It returns the configuration they fill, for logsapi.ValidateAndApply.
+func addLoggingFlags(fs *flag.FlagSet) *logsapi.LoggingConfiguration {
+	c := logsapi.NewLoggingConfiguration()
+	logsapi.AddGoFlags(c, fs)
+	return c
 }

@@ -26,6 +26,7 @@ type options struct {
 	sweepInterval           time.Duration
 	sweepMaxDeletions       int
 	sweepMaxDeletionPercent int
+	historyRetention        time.Duration
 	sqliteShared            bool
 	resyncPeriod            time.Duration
 	syncTimeout             time.Duration
@@ -75,6 +76,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"A sweep that would let go of (delete or release) more orphan rows than this lets go of none and reports it.")
 	fs.IntVar(&o.sweepMaxDeletionPercent, "sweep-max-deletion-percent", 50,
 		"A sweep that would let go of more than this share of the rows the owner holds (at least one row) lets go of none and reports it.")
+	fs.DurationVar(&o.historyRetention, "history-retention", 90*24*time.Hour,
+		"How long the registry keeps its history rows (one per row written, in the student_history table); older ones are pruned every hour. 0 keeps them all.")
 	fs.BoolVar(&o.sqliteShared, "sqlite-shared-file", false,
 		"With --leader-elect and a SQLite registry: say that every replica opens the same file (one shared volume). Without it the "+
 			"combination is refused, since replicas with a file each would split the registry.")
@@ -141,8 +144,8 @@ func (o *options) validate() error {
 	if o.owner == "" {
 		errs = append(errs, errors.New("--registry-owner must not be empty"))
 	}
-	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 {
-		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions and --resync-period must not be negative"))
+	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 || o.historyRetention < 0 {
+		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions, --resync-period and --history-retention must not be negative"))
 	}
 	if o.sweepMaxDeletionPercent < 1 || o.sweepMaxDeletionPercent > 100 {
 		errs = append(errs, fmt.Errorf("--sweep-max-deletion-percent must be within 1 and 100, got %d", o.sweepMaxDeletionPercent))

@@ -88,6 +88,7 @@ func run(ctx context.Context, opts options) error {
 			SweepInterval:           opts.sweepInterval,
 			SweepMaxDeletions:       opts.sweepMaxDeletions,
 			SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent,
+			HistoryRetention:        opts.historyRetention,
 			SyncTimeout:             opts.syncTimeout,
 			RateLimiter:             rateLimiter,
 			SweepEventTarget:        podReference(),

@@ -40,12 +40,13 @@ const (
 // Registry is what the controller needs of the student registry.
 type Registry interface {
 	rowReader
-	Upsert(ctx context.Context, rec registry.Record) (registry.Record, error)
-	Delete(ctx context.Context, uid, owner string) (bool, error)
-	Release(ctx context.Context, rec registry.Record) (bool, error)
-	Relinquish(ctx context.Context, uid, owner string) (registry.Outcome, error)
+	Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error)
+	Delete(ctx context.Context, uid, owner, cause string) (bool, error)
+	Release(ctx context.Context, rec registry.Record, cause string) (bool, error)
+	Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error)
 	RecordPolicy(ctx context.Context, uid, owner, policy string) error
 	Bind(ctx context.Context, owner, cluster string) (registry.Binding, error)
+	PruneHistory(ctx context.Context, before time.Time) (int64, error)
 }
 
 // rowReader is what the controller reads of the registry; its writes go through
@@ -78,6 +79,9 @@ type Config struct {
 	SyncTimeout time.Duration
 	// RateLimiter spaces retries; DefaultRateLimiter when nil.
 	RateLimiter workqueue.TypedRateLimiter[string]
+	// HistoryRetention is how long the registry's history rows are kept: older ones
+	// are pruned every hour, by the replica that writes. 0 keeps them all.
+	HistoryRetention time.Duration
 	// SweepEventTarget, when set, receives the Warning Event of a refused sweep (the
 	// controller's own Pod, in a cluster).
 	SweepEventTarget *corev1.ObjectReference
@@ -214,7 +218,8 @@ func (c *Controller) enqueueUpdate(logger klog.Logger, oldObj, newObj any) {
 }
 
 // needsSync says whether an update can change what sync does. A resync, which repeats
-// the same object, can, since the registry may have drifted. The controller's own
+// the same object, can, since the registry may have drifted; so can a change of the
+// annotations that steer the controller (pause, a reconcile request). The controller's own
 // writes cannot: a change to status alone, or the addition of its finalizer, which
 // the same sync followed with the row and the status. Syncing on them would only read
 // a cache that may not have caught up yet with that status, and write it again.
@@ -224,7 +229,8 @@ func needsSync(oldObj, newObj any) bool {
 	if !ok1 || !ok2 || oldS == nil || newS == nil || oldS.ResourceVersion == newS.ResourceVersion {
 		return true
 	}
-	if oldS.Generation != newS.Generation || !equality.Semantic.DeepEqual(oldS.DeletionTimestamp, newS.DeletionTimestamp) {
+	if oldS.Generation != newS.Generation || !equality.Semantic.DeepEqual(oldS.DeletionTimestamp, newS.DeletionTimestamp) ||
+		steered(oldS, newS) {
 		return true
 	}
 	if equality.Semantic.DeepEqual(oldS.Finalizers, newS.Finalizers) {
@@ -273,6 +279,9 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 			}, c.cfg.SweepInterval, 0.1, true)
 		})
 	}
+	if c.cfg.HistoryRetention > 0 {
+		wg.Go(func() { wait.JitterUntilWithContext(ctx, c.pruneHistory, historyPruneInterval, 0.1, false) })
+	}
 	logger.Info("Started workers")
 
 	<-ctx.Done()
@@ -284,6 +293,26 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		return err
 	}
 	return nil
+}
+
+// historyPruneInterval is how often the history is pruned to Config.HistoryRetention.
+const historyPruneInterval = time.Hour
+
+// pruneHistory deletes the history rows older than Config.HistoryRetention, when this
+// replica may write (the next prune does it otherwise).
+func (c *Controller) pruneHistory(ctx context.Context) {
+	cutoff := c.clock.Now().Add(-c.cfg.HistoryRetention)
+	n, err := c.write.pruneHistory(ctx, cutoff)
+	if errors.Is(err, ErrNotLeading) {
+		return
+	}
+	if err != nil && ctx.Err() == nil {
+		utilruntime.HandleErrorWithContext(ctx, err, "Pruning the registry history failed; the next prune retries", "pruned", n)
+		return
+	}
+	if n > 0 {
+		klog.FromContext(ctx).Info("Pruned the registry history", "rows", n, "before", cutoff.UTC().Format(time.RFC3339))
+	}
 }
 
 // HasSynced reports whether the Student cache has synced, for readiness.
@@ -313,6 +342,10 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	}
 
 	var term *terminalError
+	// The Student as every other log line of it names it: an object, not a string,
+	// so that a JSON log's student field has one type.
+	namespace, name, _ := cache.SplitMetaNamespaceKey(key)
+	student := klog.KRef(namespace, name)
 	result := resultSuccess
 	switch {
 	case err == nil:
@@ -323,13 +356,13 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		result = resultNotLeading
 		c.queue.Forget(key)
 		c.queue.AddAfter(key, notLeadingRetry)
-		klog.FromContext(ctx).V(2).Info("Not writing; will retry", "student", key, "reason", err)
+		klog.FromContext(ctx).V(2).Info("Not writing; will retry", "student", student, "reason", err)
 	case errors.Is(err, registry.ErrFenced):
 		// Another controller of the owner took over its writes (a new leader): this
 		// one's write was rolled back, and it stops.
 		result = resultNotLeading
 		c.queue.Forget(key)
-		klog.FromContext(ctx).Info("Another controller took over the registry owner's writes; stopping", "student", key, "err", err)
+		klog.FromContext(ctx).Info("Another controller took over the registry owner's writes; stopping", "student", student, "err", err)
 		if c.stop != nil {
 			c.stop(err)
 		}
@@ -337,19 +370,23 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		// Retrying cannot help; a change to the object brings it back.
 		result = resultTerminal
 		c.queue.Forget(key)
-		klog.FromContext(ctx).V(2).Info("Not retrying", "student", key, "reason", err)
+		klog.FromContext(ctx).V(2).Info("Not retrying", "student", student, "reason", err)
 	case apierrors.IsConflict(err), errors.Is(err, registry.ErrStale), errors.Is(err, errCacheBehind):
 		// The cache was behind the API server, or behind another writer of the row;
 		// the retry reads the newer object. No failure: nothing counts it as an error.
 		result = resultConflict
 		c.queue.AddRateLimited(key)
-		klog.FromContext(ctx).V(2).Info("Conflict; will retry", "student", key, "err", err)
+		klog.FromContext(ctx).V(2).Info("Conflict; will retry", "student", student, "err", err)
 	default:
 		result = resultError
 		c.queue.AddRateLimited(key)
-		utilruntime.HandleErrorWithContext(ctx, err, "Syncing Student failed; will retry", "student", key, "retries", c.queue.NumRequeues(key))
+		utilruntime.HandleErrorWithContext(ctx, err, "Syncing Student failed; will retry", "student", student, "retries", c.queue.NumRequeues(key))
 	}
-	c.cfg.Metrics.observeSync(result, time.Since(started))
+	took := time.Since(started)
+	c.cfg.Metrics.observeSync(result, took)
+	if logger := klog.FromContext(ctx); logger.V(4).Enabled() {
+		logger.V(4).Info("Synced Student", "student", student, "result", result, "duration", took)
+	}
 	return true
 }
 

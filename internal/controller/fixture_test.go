@@ -81,7 +81,7 @@ func newFixture(t testing.TB, students ...*studentv1.Student) *fixture {
 func (f *fixture) put(rows ...registry.Record) {
 	f.t.Helper()
 	for _, r := range rows {
-		if _, err := f.registry.Upsert(f.ctx, r); err != nil {
+		if _, err := f.registry.Upsert(f.ctx, r, registry.Why{Cause: "test"}); err != nil {
 			f.t.Fatal(err)
 		}
 	}

@@ -22,7 +22,7 @@ import (
 func TestSweepSkipsMalformedRows(t *testing.T) {
 	f := newFixture(t, newStudent("a"), newStudent("b"))
 	for _, r := range []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("gone"))} {
-		if _, err := f.registry.Upsert(f.ctx, r); err != nil {
+		if _, err := f.registry.Upsert(f.ctx, r, registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -23,11 +23,15 @@ type Metrics struct {
 	sweepDeleted      prometheus.Counter
 	malformedRows     prometheus.Gauge
 	notReady          prometheus.Gauge
+	paused            prometheus.GaugeFunc
+	pausedOldest      prometheus.GaugeFunc
 
 	// notReadyKeys are the Students whose last sync left them not Ready: only those,
-	// so that the set costs nothing while all is well.
+	// so that the set costs nothing while all is well. pausedSince are the paused
+	// Students, with the time their Synced=False condition says they were paused.
 	mu           sync.Mutex
 	notReadyKeys map[string]struct{}
+	pausedSince  map[string]time.Time
 }
 
 // Results of a reconcile, the label of the reconcile metrics.
@@ -54,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_registry_operation_duration_seconds",
-			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, relinquish, record_policy, bind, list) and result (ok, not_found, not_owned, malformed, error).",
+			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, relinquish, record_policy, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
 		rowsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -83,9 +87,36 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Students whose last sync left them not Ready (invalid spec, registry error, row owned elsewhere); deleted Students are not counted.",
 		}),
 		notReadyKeys: map[string]struct{}{},
+		pausedSince:  map[string]time.Time{},
 	}
+	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "student_controller_students_paused",
+		Help: "Students that the annotation bolingcavalry.k8s.io/paused holds still: nothing is written for them.",
+	}, func() float64 {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return float64(len(m.pausedSince))
+	})
+	m.pausedOldest = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "student_controller_students_paused_oldest_timestamp_seconds",
+		Help: "When the Student paused longest was paused (its Synced condition's lastTransitionTime), in seconds since the epoch; 0 when none is paused.",
+	}, func() float64 {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		var oldest time.Time
+		for _, since := range m.pausedSince {
+			if oldest.IsZero() || since.Before(oldest) {
+				oldest = since
+			}
+		}
+		if oldest.IsZero() {
+			return 0
+		}
+		return float64(oldest.Unix())
+	})
 	if reg != nil {
-		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration, m.sweepDeleted, m.malformedRows, m.notReady)
+		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
+			m.sweepDeleted, m.malformedRows, m.notReady, m.paused, m.pausedOldest)
 	}
 	return m
 }
@@ -113,16 +144,40 @@ func (m *Metrics) observeReady(key string, ready bool) {
 	m.notReady.Set(float64(len(m.notReadyKeys)))
 }
 
-// forget drops a Student that is gone or being deleted from the not-Ready count.
-func (m *Metrics) forget(key string) { m.observeReady(key, true) }
+// forget drops a Student that is gone or being deleted from the not-Ready count, and
+// a Student that is gone from the paused ones.
+func (m *Metrics) forget(key string) {
+	m.observeReady(key, true)
+	m.observeUnpaused(key)
+}
+
+// observePaused records that the Student of key is paused, since then.
+func (m *Metrics) observePaused(key string, since time.Time) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pausedSince[key] = since
+}
+
+// observeUnpaused records that the Student of key is not paused (or gone).
+func (m *Metrics) observeUnpaused(key string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.pausedSince, key)
+}
 
 // Actions on registry rows, the label of the rows-written metric.
 const (
-	rowCreated  = "created"
-	rowUpdated  = "updated"
-	rowRestored = "restored"
-	rowDeleted  = "deleted"
-	rowReleased = "released"
+	rowCreated  = registry.ActionCreated
+	rowUpdated  = registry.ActionUpdated
+	rowRestored = registry.ActionRestored
+	rowDeleted  = registry.ActionDeleted
+	rowReleased = registry.ActionReleased
 )
 
 func (m *Metrics) observeRow(action string) {
@@ -181,30 +236,30 @@ func (t timedRegistry) Get(ctx context.Context, uid string) (registry.Record, er
 	return rec, err
 }
 
-func (t timedRegistry) Upsert(ctx context.Context, rec registry.Record) (registry.Record, error) {
+func (t timedRegistry) Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
 	start := time.Now()
-	out, err := t.Registry.Upsert(ctx, rec)
+	out, err := t.Registry.Upsert(ctx, rec, why)
 	t.observe("upsert", start, err)
 	return out, err
 }
 
-func (t timedRegistry) Delete(ctx context.Context, uid, owner string) (bool, error) {
+func (t timedRegistry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
 	start := time.Now()
-	done, err := t.Registry.Delete(ctx, uid, owner)
+	done, err := t.Registry.Delete(ctx, uid, owner, cause)
 	t.observe("delete", start, err)
 	return done, err
 }
 
-func (t timedRegistry) Release(ctx context.Context, rec registry.Record) (bool, error) {
+func (t timedRegistry) Release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
 	start := time.Now()
-	done, err := t.Registry.Release(ctx, rec)
+	done, err := t.Registry.Release(ctx, rec, cause)
 	t.observe("release", start, err)
 	return done, err
 }
 
-func (t timedRegistry) Relinquish(ctx context.Context, uid, owner string) (registry.Outcome, error) {
+func (t timedRegistry) Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
 	start := time.Now()
-	outcome, err := t.Registry.Relinquish(ctx, uid, owner)
+	outcome, err := t.Registry.Relinquish(ctx, uid, owner, cause)
 	t.observe("relinquish", start, err)
 	return outcome, err
 }
@@ -214,6 +269,13 @@ func (t timedRegistry) RecordPolicy(ctx context.Context, uid, owner, policy stri
 	err := t.Registry.RecordPolicy(ctx, uid, owner, policy)
 	t.observe("record_policy", start, err)
 	return err
+}
+
+func (t timedRegistry) PruneHistory(ctx context.Context, before time.Time) (int64, error) {
+	start := time.Now()
+	n, err := t.Registry.PruneHistory(ctx, before)
+	t.observe("prune_history", start, err)
+	return n, err
 }
 
 func (t timedRegistry) Bind(ctx context.Context, owner, cluster string) (registry.Binding, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -37,6 +38,8 @@ func registryStatus(row registry.Record) *studentv1.RegistryStatus {
 
 // updateStatus sets the Ready condition, observedGeneration and registry facts on s
 // and writes the status, only if that changed anything. It reports whether it wrote.
+// The status it writes is also no longer paused, and records a reconcile request as
+// handled.
 func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, cond metav1.Condition, reg *studentv1.RegistryStatus) (bool, error) {
 	c.cfg.Metrics.observeReady(cache.MetaObjectToName(s).String(), cond.Status == metav1.ConditionTrue)
 	status := *s.Status.DeepCopy()
@@ -46,6 +49,10 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, con
 	cond.LastTransitionTime = metav1.NewTime(c.clock.Now().Truncate(time.Second))
 	// Keeps the transition time when the condition's status did not change.
 	meta.SetStatusCondition(&status.Conditions, cond)
+	unpausedStatus(&status)
+	if token := reconcileRequest(s); token != "" && utf8.RuneCountInString(token) <= maxReconcileToken {
+		status.LastHandledReconcileAt = token
+	}
 	if equality.Semantic.DeepEqual(s.Status, status) {
 		return false, nil
 	}

@@ -24,7 +24,8 @@ type sweepPlan struct {
 }
 
 // planSweep compares the rows this controller owns with the Students in the cache. It
-// is a pure function of its inputs.
+// is a pure function of its inputs. A paused Student's row is left as it is, however it
+// differs; it is still that Student's, never an orphan.
 func planSweep(owner string, rows []registry.Record, students []*studentv1.Student) sweepPlan {
 	byUID := make(map[types.UID]*studentv1.Student, len(students))
 	for _, s := range students {
@@ -43,12 +44,12 @@ func planSweep(owner string, rows []registry.Record, students []*studentv1.Stude
 			plan.Orphans = append(plan.Orphans, row)
 			continue
 		}
-		if s.DeletionTimestamp == nil && !sameRow(row, recordOf(owner, s)) {
+		if s.DeletionTimestamp == nil && !paused(s) && !sameRow(row, recordOf(owner, s)) {
 			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s).String())
 		}
 	}
 	for _, s := range students {
-		if !seen[s.UID] && s.DeletionTimestamp == nil && ValidateSpec(s.Spec) == "" {
+		if !seen[s.UID] && s.DeletionTimestamp == nil && !paused(s) && ValidateSpec(s.Spec) == "" {
 			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s).String())
 		}
 	}
@@ -136,7 +137,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			result.Live++
 			continue
 		}
-		outcome, err := c.write.relinquish(ctx, row.UID, c.cfg.Owner)
+		outcome, err := c.write.relinquish(ctx, row.UID, c.cfg.Owner, registry.CauseSweep)
 		if errors.Is(err, ErrNotLeading) {
 			// The next leader's sweep does it, or this one's once it has renewed.
 			errs = append(errs, err)

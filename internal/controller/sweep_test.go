@@ -47,6 +47,10 @@ func TestPlanSweep(t *testing.T) {
 			rows:     []registry.Record{recordOf(owner, newStudent("a"))},
 			students: []*studentv1.Student{newStudent("a", withFinalizer, deleting)},
 		},
+		"paused student's row is left as it is": {
+			rows:     []registry.Record{tampered},
+			students: []*studentv1.Student{newStudent("b", pausedBy), newStudent("c", pausedBy)},
+		},
 		"invalid student has no row to repair": {
 			students: []*studentv1.Student{newStudent("a", func(s *studentv1.Student) { s.Spec.Name = "" })},
 		},

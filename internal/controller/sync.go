@@ -49,7 +49,15 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	ctx = klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "student", klog.KObj(student)))
+	ctx = klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "student", klog.KObj(student), "uid", student.UID))
+	if paused(student) && (student.DeletionTimestamp == nil || slices.Contains(student.Finalizers, Finalizer)) {
+		return c.holdPaused(ctx, student)
+	}
+	c.cfg.Metrics.observeUnpaused(key)
+	if token := reconcileRequest(student); token != "" {
+		// Every sync reads the row from the registry; this one was asked for.
+		klog.FromContext(ctx).V(2).Info("Reconcile requested", "token", token)
+	}
 	if student.DeletionTimestamp != nil {
 		c.cfg.Metrics.forget(key)
 		return c.finalize(ctx, student)
@@ -149,7 +157,17 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 			return row, "", cmp.Or(err, errStudentGone)
 		}
 	}
-	row, err = c.write.upsert(ctx, want)
+	why := registry.Why{Action: rowCreated, Cause: registry.CauseNewStudent}
+	switch {
+	case exists && !malformed && row.Generation != want.Generation:
+		why = registry.Why{Action: rowUpdated, Cause: registry.CauseSpecChange}
+	case exists:
+		why = registry.Why{Action: rowUpdated, Cause: registry.CauseDrift}
+	case wasWritten(s):
+		// Status says a row was written before: it went missing.
+		why = registry.Why{Action: rowRestored, Cause: registry.CauseRestore}
+	}
+	row, err = c.write.upsert(ctx, want, why)
 	switch {
 	case errors.Is(err, registry.ErrNotOwned):
 		return row, "", c.ownedElsewhere(ctx, s, err)
@@ -160,17 +178,9 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 	case err != nil:
 		return row, "", c.registryFailed(ctx, s, err)
 	}
-	action := rowCreated
-	switch {
-	case exists:
-		action = rowUpdated
-	case wasWritten(s):
-		// Status says a row was written before: it went missing.
-		action = rowRestored
-	}
-	c.cfg.Metrics.observeRow(action)
-	klog.FromContext(ctx).V(2).Info("Wrote registry row", "action", action, "generation", row.Generation)
-	return row, action, nil
+	c.cfg.Metrics.observeRow(why.Action)
+	klog.FromContext(ctx).V(2).Info("Wrote registry row", "action", why.Action, "cause", why.Cause, "generation", row.Generation)
+	return row, why.Action, nil
 }
 
 // report writes the Student's status from its row, and an Event when the row was
@@ -264,7 +274,7 @@ func (c *Controller) observeLetGo(outcome registry.Outcome) {
 // sweep. The row goes per the policy it records: a Delete row is deleted, an Orphan
 // row released. A row already released is not ours and stays.
 func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
-	outcome, err := c.write.relinquish(ctx, string(s.UID), c.cfg.Owner)
+	outcome, err := c.write.relinquish(ctx, string(s.UID), c.cfg.Owner, registry.CauseStaleCache)
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
@@ -294,7 +304,7 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 		action = rowReleased
 		done, err = c.release(ctx, s)
 	case "", studentv1.DeletionPolicyDelete:
-		done, err = c.write.delete(ctx, uid, c.cfg.Owner)
+		done, err = c.write.delete(ctx, uid, c.cfg.Owner, registry.CauseFinalizer)
 	default:
 		// A policy the CRD refuses now, stored before it did ("orphan", "Retain"):
 		// whatever was meant, keeping the row is what can be undone.
@@ -336,7 +346,7 @@ func (c *Controller) release(ctx context.Context, s *studentv1.Student) (bool, e
 		}
 		rec.StudentName, rec.School, rec.Generation = stored.StudentName, stored.School, stored.Generation
 	}
-	return c.write.release(ctx, rec)
+	return c.write.release(ctx, rec, registry.CauseFinalizer)
 }
 
 // registryFailed reports a registry failure on the Student and returns it for retry.

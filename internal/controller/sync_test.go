@@ -358,6 +358,15 @@ func TestEnqueue(t *testing.T) {
 	finalizerRemoved := finalizerAdded.DeepCopy()
 	finalizerRemoved.ResourceVersion = "4"
 	finalizerRemoved.Finalizers = nil
+	annotatedWith := func(key, value string) *studentv1.Student {
+		s := statusOnly.DeepCopy()
+		s.ResourceVersion = "5"
+		annotated(key, value)(s)
+		return s
+	}
+	pausedObj := annotatedWith(studentv1.AnnotationPaused, "true")
+	requested := annotatedWith(studentv1.AnnotationReconcileRequestedAt, "1")
+	otherAnnotation := annotatedWith("example.com/note", "hello")
 
 	tests := map[string]struct {
 		handle func(c *Controller)
@@ -372,6 +381,10 @@ func TestEnqueue(t *testing.T) {
 		"own finalizer added":   {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, finalizerAdded) }, 0},
 		"other finalizer added": {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, otherFinalizer) }, 1},
 		"own finalizer removed": {func(c *Controller) { c.enqueueUpdate(logger, finalizerAdded, finalizerRemoved) }, 1},
+		"paused":                {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, pausedObj) }, 1},
+		"unpaused":              {func(c *Controller) { c.enqueueUpdate(logger, pausedObj, statusOnly) }, 1},
+		"reconcile requested":   {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, requested) }, 1},
+		"another annotation":    {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, otherAnnotation) }, 0},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -49,25 +50,31 @@ func guard[T any](w *writes, write func() (T, error)) (T, error) {
 	return write()
 }
 
-func (w *writes) upsert(ctx context.Context, rec registry.Record) (registry.Record, error) {
-	return guard(w, func() (registry.Record, error) { return w.registry.Upsert(ctx, rec) })
+// The row writes each say why, for the history row the registry writes with them.
+
+func (w *writes) upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
+	return guard(w, func() (registry.Record, error) { return w.registry.Upsert(ctx, rec, why) })
 }
 
-func (w *writes) delete(ctx context.Context, uid, owner string) (bool, error) {
-	return guard(w, func() (bool, error) { return w.registry.Delete(ctx, uid, owner) })
+func (w *writes) delete(ctx context.Context, uid, owner, cause string) (bool, error) {
+	return guard(w, func() (bool, error) { return w.registry.Delete(ctx, uid, owner, cause) })
 }
 
-func (w *writes) release(ctx context.Context, rec registry.Record) (bool, error) {
-	return guard(w, func() (bool, error) { return w.registry.Release(ctx, rec) })
+func (w *writes) release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
+	return guard(w, func() (bool, error) { return w.registry.Release(ctx, rec, cause) })
 }
 
-func (w *writes) relinquish(ctx context.Context, uid, owner string) (registry.Outcome, error) {
-	return guard(w, func() (registry.Outcome, error) { return w.registry.Relinquish(ctx, uid, owner) })
+func (w *writes) relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
+	return guard(w, func() (registry.Outcome, error) { return w.registry.Relinquish(ctx, uid, owner, cause) })
 }
 
 func (w *writes) recordPolicy(ctx context.Context, uid, owner, policy string) error {
 	_, err := guard(w, func() (struct{}, error) { return struct{}{}, w.registry.RecordPolicy(ctx, uid, owner, policy) })
 	return err
+}
+
+func (w *writes) pruneHistory(ctx context.Context, before time.Time) (int64, error) {
+	return guard(w, func() (int64, error) { return w.registry.PruneHistory(ctx, before) })
 }
 
 // bind checks that the registry binds owner to cluster, binding it on first use.

@@ -61,7 +61,7 @@ func BenchmarkWrite(b *testing.B) {
 				i++
 				rec := Record{UID: fmt.Sprintf("uid-%d", i), Namespace: "default", Name: fmt.Sprintf("s-%d", i),
 					StudentName: "张三", School: "深圳中学", Owner: "bench", Generation: 1, DeletionPolicy: PolicyDelete}
-				if _, err := r.Upsert(ctx, rec); err != nil {
+				if _, err := r.Upsert(ctx, rec, Why{Cause: "test"}); err != nil {
 					b.Fatal(err)
 				}
 			}

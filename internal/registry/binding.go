@@ -76,8 +76,8 @@ func (r *Registry) MoveCluster(ctx context.Context, owner, from, to string) (Bin
 }
 
 // RenameOwner gives every row of owner from, its cluster binding and its write fence,
-// to owner to, in
-// one transaction, and returns how many rows moved. It refuses when to already owns
+// to owner to, in one transaction with a history row for each row adopted, and
+// returns how many rows moved. It refuses when to already owns
 // rows, a binding or a fence, so that two owners' rows never merge by mistake. Stop the
 // controllers of both owners first.
 func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, error) {
@@ -104,6 +104,14 @@ func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, err
 	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, err
+	}
+	// The new owner adopts each row: one history row each.
+	if _, err := tx.ExecContext(ctx, `INSERT INTO student_history
+		(at, uid, namespace, name, student_name, school, generation, action, owner, cause, actor)
+		SELECT $1, CAST(uid AS TEXT), namespace, name, student_name, school, generation, $2, owner, $3, $4
+		FROM students WHERE owner = $5 AND CAST(uid AS TEXT) <> ''`,
+		r.now().UTC(), ActionAdopted, CauseOwnerMove, r.actor, to); err != nil {
+		return 0, fmt.Errorf("rename owner: write the history: %w", err)
 	}
 	for _, table := range []string{"owner_clusters", "fences"} {
 		// #nosec G202 -- the two table names above, not input.

@@ -33,7 +33,7 @@ func testSchemaChecks(t *testing.T, b registrytest.Backend) {
 	}
 
 	for _, uid := range []string{"good-1", "good-2"} {
-		if _, err := r.Upsert(ctx, student(uid, "ctl")); err != nil {
+		if _, err := r.Upsert(ctx, student(uid, "ctl"), registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -78,7 +78,7 @@ func testSchemaChecks(t *testing.T, b registrytest.Backend) {
 		rec := student(uid, "ctl")
 		switch i % 3 {
 		case 0:
-			if _, err := r.Upsert(ctx, rec); err != nil {
+			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
 				t.Errorf("Upsert over malformed row %s: %v", uid, err)
 			}
 			got, err := r.Get(ctx, uid)
@@ -86,20 +86,20 @@ func testSchemaChecks(t *testing.T, b registrytest.Backend) {
 				t.Errorf("row %s after Upsert: %+v, %v", uid, got, err)
 			}
 		case 1:
-			if released, err := r.Release(ctx, rec); err != nil || !released {
+			if released, err := r.Release(ctx, rec, "test"); err != nil || !released {
 				t.Errorf("Release of malformed row %s: %v, %v", uid, released, err)
 			}
 			if got, err := r.Get(ctx, uid); err != nil || got.Owner != "" || got.ReleasedAt.IsZero() {
 				t.Errorf("row %s after Release: %+v, %v", uid, got, err)
 			}
 		case 2:
-			if deleted, err := r.Delete(ctx, uid, "ctl"); err != nil || !deleted {
+			if deleted, err := r.Delete(ctx, uid, "ctl", "test"); err != nil || !deleted {
 				t.Errorf("Delete of malformed row %s: %v, %v", uid, deleted, err)
 			}
 		}
 	}
 	// Another owner's malformed row stays as it is.
-	if _, err := r.Upsert(ctx, student("", "other")); err == nil {
+	if _, err := r.Upsert(ctx, student("", "other"), registry.Why{Cause: "test"}); err == nil {
 		t.Error("Upsert of an empty uid succeeded")
 	}
 }
@@ -125,14 +125,15 @@ func TestSQLiteShellReadsTimes(t *testing.T) {
 	db.Close()
 
 	r := open(t, "sqlite://"+old, newFakeClock())
-	if _, err := r.Upsert(ctx, student("u4", "ctl")); err != nil {
+	if _, err := r.Upsert(ctx, student("u4", "ctl"), registry.Why{Cause: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := registrytest.SQLite(ctx, old, `
 		SELECT uid, datetime(created_at), datetime(updated_at), coalesce(datetime(released_at), '-'),
 		       round((julianday(updated_at) - julianday(created_at)) * 86400)
 		FROM students ORDER BY updated_at;
-		SELECT version, datetime(applied_at) = applied_at FROM schema_migrations ORDER BY applied_at`)
+		SELECT version, datetime(applied_at) = applied_at FROM schema_migrations ORDER BY applied_at;
+		SELECT uid, action, datetime(at) = at, round((julianday(at) - julianday('2026-11-29 08:00:00')) * 86400) FROM student_history`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +144,9 @@ func TestSQLiteShellReadsTimes(t *testing.T) {
 		"u2|2026-11-29 08:00:03|2026-11-29 08:00:04|2026-11-29 08:00:04|1.0",
 		// Kept as it was: the registry reports it and does not read it.
 		"u3||2026-11-29 08:00:05|-|",
-		"1|1", "2|1", "3|1",
+		"1|1", "2|1", "3|1", "4|1",
+		// Its history row, stamped as the row was, in the same form.
+		"u4|updated|1|2.0",
 	}, "\n")
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("sqlite3 read (-want +got):\n%s", diff)
@@ -164,21 +167,23 @@ func TestPostgresShellReadsMigratedTimes(t *testing.T) {
 	atSchemaOne(t, db, "postgres", "2026-11-29 07:59:59.5+00",
 		`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at) VALUES ('u1', 'default', 'a', 'A', 'S', 'ctl', 1, '2026-11-29 08:00:01.8+00', '2026-11-29 09:00:02+01', NULL)`)
 	r := open(t, url, newFakeClock())
-	if _, err := r.Upsert(ctx, student("u2", "ctl")); err != nil {
+	if _, err := r.Upsert(ctx, student("u2", "ctl"), registry.Why{Cause: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := registrytest.PSQL(ctx, url, `
 		SELECT uid, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),
 		       extract(epoch FROM date_trunc('second', updated_at) - date_trunc('second', created_at))
 		FROM students ORDER BY updated_at;
-		SELECT version, applied_at < now() FROM schema_migrations ORDER BY applied_at`)
+		SELECT version, applied_at < now() FROM schema_migrations ORDER BY applied_at;
+		SELECT uid, action, extract(epoch FROM at - '2026-11-29 08:00:00+00') FROM student_history`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := strings.Join([]string{
 		"u1|2026-11-29 08:00:01|1.000000",
 		"u2|2026-11-29 08:00:02|0.000000",
-		"1|t", "2|t", "3|t",
+		"1|t", "2|t", "3|t", "4|t",
+		"u2|updated|2.000000",
 	}, "\n")
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("psql read (-want +got):\n%s", diff)

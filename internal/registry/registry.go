@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,6 +89,9 @@ type Options struct {
 	// MigrationLockTimeout bounds each lock a migration waits for on PostgreSQL
 	// (default 10 seconds); Open then fails, and its caller retries.
 	MigrationLockTimeout time.Duration
+	// Actor names the writer in the history rows it writes (the controller's Pod, or
+	// its host); the host name when empty.
+	Actor string
 }
 
 // MalformedRow is an owned row that List could not read and left out.
@@ -106,7 +110,9 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// was a visible share of the controller's CPU (bench/results/tuning.md).
-	get, upsert, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck *sql.Stmt
+	get, upsert, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck, history *sql.Stmt
+	// actor is Options.Actor, for the history.
+	actor string
 	// fence is the write token this registry holds (TakeFence), for fenceOwner; 0
 	// while it holds none and writes unfenced.
 	fence      atomic.Int64
@@ -138,20 +144,20 @@ const (
 			released_at = NULL
 		WHERE students.owner = excluded.owner AND %[2]s
 		RETURNING created_at, updated_at`
-	deleteSQL = `DELETE FROM students WHERE uid = $1 AND owner = $2`
+	deleteSQL = `DELETE FROM students WHERE uid = $1 AND owner = $2` + returned
 	// A released row keeps the Student's last spec.
 	releaseSQL = `
 		UPDATE students SET namespace = $3, name = $4, student_name = $5, school = $6, generation = $7,
 			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END,
 			owner = NULL, released_at = $8, updated_at = $8, deletion_policy = 'Orphan'
-		WHERE uid = $1 AND owner = $2 AND %[2]s`
+		WHERE uid = $1 AND owner = $2 AND %[2]s` + returned
 	// What Relinquish runs: a Delete row goes; any other (Orphan, or a policy not yet
 	// recorded) is released as it stands.
-	deletePolicySQL = `DELETE FROM students WHERE uid = $1 AND owner = $2 AND deletion_policy = 'Delete'`
+	deletePolicySQL = `DELETE FROM students WHERE uid = $1 AND owner = $2 AND deletion_policy = 'Delete'` + returned
 	releaseAsIsSQL  = `
 		UPDATE students SET created_at = CASE WHEN %[1]s THEN created_at ELSE $3 END,
 			owner = NULL, released_at = $3, updated_at = $3
-		WHERE uid = $1 AND owner = $2`
+		WHERE uid = $1 AND owner = $2` + returned
 	// The last statement of a fenced write: it locks the owner's fence row (on
 	// PostgreSQL; SQLite's write lock covers the whole transaction) and finds it only
 	// while it still holds this controller's token.
@@ -178,9 +184,13 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	db.SetMaxOpenConns(cmp.Or(opts.MaxOpenConns, 10))
 	db.SetMaxIdleConns(cmp.Or(opts.MaxIdleConns, 5))
 	db.SetConnMaxLifetime(cmp.Or(opts.ConnMaxLifetime, 30*time.Minute))
-	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now}
+	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now, actor: opts.Actor}
 	if r.now == nil {
 		r.now = time.Now
+	}
+	if r.actor == "" {
+		r.actor, _ = os.Hostname()
+		r.actor = cmp.Or(r.actor, "unknown")
 	}
 	if err := ping(ctx, db, src.dialect); err != nil {
 		return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
@@ -202,6 +212,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		{&r.releaseAsIs, fmt.Sprintf(releaseAsIsSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
 		{&r.fenceCheck, fenceCheckSQL},
 		{&r.recordPolicy, recordPolicySQL},
+		{&r.history, historyInsertSQL},
 	} {
 		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
 			return nil, errors.Join(fmt.Errorf("open registry %s: prepare statements: %w", src.display, err), r.Close())
@@ -237,7 +248,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.fenceCheck} {
+	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.fenceCheck, r.history} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -405,19 +416,27 @@ func (r *Registry) List(ctx context.Context, owner string) ([]Record, []Malforme
 }
 
 // Upsert writes rec as rec.Owner: it inserts the row, or updates it when rec.Owner
-// owns it, and returns the row as stored. A row with another owner, or a released one,
-// is left alone and ErrNotOwned returned; a row that holds a newer generation than
-// rec is left alone and ErrStale returned.
-func (r *Registry) Upsert(ctx context.Context, rec Record) (Record, error) {
+// owns it, and returns the row as stored; a history row records why. A row with
+// another owner, or a released one, is left alone and ErrNotOwned returned; a row that
+// holds a newer generation than rec is left alone and ErrStale returned.
+func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, error) {
 	if rec.UID == "" || rec.Owner == "" {
 		return Record{}, fmt.Errorf("upsert row: uid and owner are required (uid %q, owner %q)", rec.UID, rec.Owner)
 	}
+	action := cmp.Or(why.Action, ActionUpdated)
+	if action != ActionCreated && action != ActionUpdated && action != ActionRestored {
+		return Record{}, fmt.Errorf("upsert row %s: the action %q is none of %s, %s, %s", rec.UID, action, ActionCreated, ActionUpdated, ActionRestored)
+	}
 	now := r.now().UTC()
 	stored := rec
-	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) error {
-		return in(r.upsert).QueryRowContext(ctx,
+	err := r.write(ctx, now, func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		err := in(r.upsert).QueryRowContext(ctx,
 			rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy),
 		).Scan(&stored.CreatedAt, &stored.UpdatedAt)
+		if err != nil {
+			return nil, err
+		}
+		return []entry{entryOf(rec, action, why.Cause)}, nil
 	})
 	if errors.Is(err, ErrFenced) {
 		return Record{}, err
@@ -451,14 +470,19 @@ func policyOf(p string) string {
 	return ""
 }
 
-// Delete deletes the row for uid if owner owns it. It reports whether a row was
-// deleted: a missing row is no error (the delete already happened); a row with another
-// owner is ErrNotOwned.
-func (r *Registry) Delete(ctx context.Context, uid, owner string) (bool, error) {
+// Delete deletes the row for uid if owner owns it, with a history row that gives
+// cause. It reports whether a row was deleted: a missing row is no error (the delete
+// already happened); a row with another owner is ErrNotOwned.
+func (r *Registry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
 	var n int64
-	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) (err error) {
-		n, err = affected(in(r.del).ExecContext(ctx, uid, owner))
-		return err
+	err := r.write(ctx, r.now().UTC(), func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		e := entry{uid: uid, action: ActionDeleted, owner: owner, cause: cause}
+		deleted, err := scanReturned(in(r.del).QueryRowContext(ctx, uid, owner), &e)
+		if !deleted {
+			return nil, err
+		}
+		n = 1
+		return []entry{e}, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("delete row %s: %w", uid, err)
@@ -467,16 +491,22 @@ func (r *Registry) Delete(ctx context.Context, uid, owner string) (bool, error) 
 }
 
 // Release gives up rec.Owner's claim on the row for rec.UID: the row stays, with the
-// values of rec and no owner, and no controller changes it again. It reports whether a
-// row was released: a missing row is no error; a row with another owner, or already
-// released, is ErrNotOwned; a row that holds a newer generation than rec is ErrStale.
-func (r *Registry) Release(ctx context.Context, rec Record) (bool, error) {
+// values of rec and no owner, and no controller changes it again; a history row gives
+// cause. It reports whether a row was released: a missing row is no error; a row with
+// another owner, or already released, is ErrNotOwned; a row that holds a newer
+// generation than rec is ErrStale.
+func (r *Registry) Release(ctx context.Context, rec Record, cause string) (bool, error) {
 	now := r.now().UTC()
 	var n int64
-	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) (err error) {
-		n, err = affected(in(r.release).ExecContext(ctx, rec.UID, rec.Owner,
-			rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Generation, now))
-		return err
+	err := r.write(ctx, now, func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		e := entry{uid: rec.UID, action: ActionReleased, owner: rec.Owner, cause: cause}
+		released, err := scanReturned(in(r.release).QueryRowContext(ctx, rec.UID, rec.Owner,
+			rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Generation, now), &e)
+		if !released {
+			return nil, err
+		}
+		n = 1
+		return []entry{e}, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("release row %s: %w", rec.UID, err)
@@ -491,9 +521,10 @@ func (r *Registry) RecordPolicy(ctx context.Context, uid, owner, policy string) 
 	if policyOf(policy) == "" {
 		return fmt.Errorf("record the deletion policy of row %s: %q is neither %s nor %s", uid, policy, PolicyDelete, PolicyOrphan)
 	}
-	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) error {
+	// Not a change to the student's record: no history row.
+	err := r.write(ctx, time.Time{}, func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		_, err := in(r.recordPolicy).ExecContext(ctx, uid, owner, policy)
-		return err
+		return nil, err
 	})
 	if err != nil {
 		return fmt.Errorf("record the deletion policy of row %s: %w", uid, err)
@@ -517,15 +548,26 @@ const (
 // the row records: a Delete row is deleted; an Orphan row, or one whose policy is not
 // recorded yet, is released with the values it holds, so that no path that finds a row
 // without its Student ever deletes what should have been kept. A row with another
-// owner, or already released, is ErrNotOwned.
-func (r *Registry) Relinquish(ctx context.Context, uid, owner string) (Outcome, error) {
+// owner, or already released, is ErrNotOwned. A history row gives cause.
+func (r *Registry) Relinquish(ctx context.Context, uid, owner, cause string) (Outcome, error) {
 	var deleted, released int64
-	err := r.fenced(ctx, func(in func(*sql.Stmt) *sql.Stmt) (err error) {
-		if deleted, err = affected(in(r.delPolicy).ExecContext(ctx, uid, owner)); err != nil || deleted > 0 {
-			return err
+	now := r.now().UTC()
+	err := r.write(ctx, now, func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		e := entry{uid: uid, action: ActionDeleted, owner: owner, cause: cause}
+		ok, err := scanReturned(in(r.delPolicy).QueryRowContext(ctx, uid, owner), &e)
+		if err != nil {
+			return nil, err
 		}
-		released, err = affected(in(r.releaseAsIs).ExecContext(ctx, uid, owner, r.now().UTC()))
-		return err
+		if ok {
+			deleted = 1
+			return []entry{e}, nil
+		}
+		e.action = ActionReleased
+		if ok, err = scanReturned(in(r.releaseAsIs).QueryRowContext(ctx, uid, owner, now), &e); !ok {
+			return nil, err
+		}
+		released = 1
+		return []entry{e}, nil
 	})
 	switch {
 	case err != nil:
@@ -583,34 +625,6 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 	r.fenceOwner.Store(&owner)
 	r.fence.Store(token)
 	return token, nil
-}
-
-// fenced runs the statements of one write: as they are while this registry holds no
-// fence; else in one transaction that ends with the fence check, rolled back with
-// ErrFenced when another controller has taken the owner's fence since. fn runs its
-// statements through in, which puts them in the transaction.
-func (r *Registry) fenced(ctx context.Context, fn func(in func(*sql.Stmt) *sql.Stmt) error) error {
-	token := r.fence.Load()
-	if token == 0 {
-		return fn(func(s *sql.Stmt) *sql.Stmt { return s })
-	}
-	owner := *r.fenceOwner.Load()
-	tx, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback() }()
-	if err := fn(func(s *sql.Stmt) *sql.Stmt { return tx.StmtContext(ctx, s) }); err != nil {
-		return err
-	}
-	n, err := affected(tx.StmtContext(ctx, r.fenceCheck).ExecContext(ctx, owner, token))
-	if err != nil {
-		return fmt.Errorf("check the write fence: %w", err)
-	}
-	if n == 0 {
-		return fmt.Errorf("write fence %d of owner %q: %w", token, owner, ErrFenced)
-	}
-	return tx.Commit()
 }
 
 // changedOrAbsent reports whether a delete or release of rec changed a row (n rows): a

@@ -75,7 +75,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		clock := newFakeClock()
 		r := open(t, newURL(t, b), clock)
 		want := student("u1", "ctl")
-		stored, err := r.Upsert(ctx, want)
+		stored, err := r.Upsert(ctx, want, registry.Why{Cause: "test"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,13 +98,13 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 
 	t.Run("update by owner keeps created_at", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
-		first, err := r.Upsert(ctx, student("u1", "ctl"))
+		first, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		changed := student("u1", "ctl")
 		changed.School, changed.Generation = "北京四中", 2
-		second, err := r.Upsert(ctx, changed)
+		second, err := r.Upsert(ctx, changed, registry.Why{Cause: "test"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,24 +124,24 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 			rec.Generation, rec.School = gen, school
 			return rec
 		}
-		if _, err := r.Upsert(ctx, at(3, "北京四中")); err != nil {
+		if _, err := r.Upsert(ctx, at(3, "北京四中"), registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
 		}
 		// A former leader's stale sync, and its stale release: refused, row kept.
-		if _, err := r.Upsert(ctx, at(2, "深圳中学")); !errors.Is(err, registry.ErrStale) {
+		if _, err := r.Upsert(ctx, at(2, "深圳中学"), registry.Why{Cause: "test"}); !errors.Is(err, registry.ErrStale) {
 			t.Errorf("Upsert of generation 2 over 3: %v, want ErrStale", err)
 		}
-		if released, err := r.Release(ctx, at(1, "深圳中学")); !errors.Is(err, registry.ErrStale) || released {
+		if released, err := r.Release(ctx, at(1, "深圳中学"), "test"); !errors.Is(err, registry.ErrStale) || released {
 			t.Errorf("Release of generation 1 over 3: %v, %v, want ErrStale", released, err)
 		}
 		if got, _ := r.Get(ctx, "u1"); got.Generation != 3 || got.School != "北京四中" || got.Owner != "ctl" {
 			t.Errorf("row after stale writes: %+v, want generation 3 as written", got)
 		}
 		// The same generation again (a repair) and a newer one go ahead.
-		if _, err := r.Upsert(ctx, at(3, "北京四中")); err != nil {
+		if _, err := r.Upsert(ctx, at(3, "北京四中"), registry.Why{Cause: "test"}); err != nil {
 			t.Errorf("rewrite at the same generation: %v", err)
 		}
-		if _, err := r.Upsert(ctx, at(4, "上海中学")); err != nil {
+		if _, err := r.Upsert(ctx, at(4, "上海中学"), registry.Why{Cause: "test"}); err != nil {
 			t.Errorf("write of a newer generation: %v", err)
 		}
 
@@ -150,7 +150,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		var wg sync.WaitGroup
 		for g := int64(40); g >= 5; g-- {
 			wg.Go(func() {
-				if _, err := r.Upsert(ctx, at(g, fmt.Sprintf("school %d", g))); err != nil && !errors.Is(err, registry.ErrStale) {
+				if _, err := r.Upsert(ctx, at(g, fmt.Sprintf("school %d", g)), registry.Why{Cause: "test"}); err != nil && !errors.Is(err, registry.ErrStale) {
 					t.Errorf("generation %d: %v", g, err)
 				}
 			})
@@ -178,19 +178,19 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 
 	t.Run("other owners are never changed", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
-		theirs, err := r.Upsert(ctx, student("u1", "someone-else"))
+		theirs, err := r.Upsert(ctx, student("u1", "someone-else"), registry.Why{Cause: "test"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		mine := student("u1", "ctl")
 		mine.School = "北京四中"
-		if _, err := r.Upsert(ctx, mine); !errors.Is(err, registry.ErrNotOwned) {
+		if _, err := r.Upsert(ctx, mine, registry.Why{Cause: "test"}); !errors.Is(err, registry.ErrNotOwned) {
 			t.Errorf("Upsert over another owner's row: %v, want ErrNotOwned", err)
 		}
-		if deleted, err := r.Delete(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrNotOwned) || deleted {
+		if deleted, err := r.Delete(ctx, "u1", "ctl", "test"); !errors.Is(err, registry.ErrNotOwned) || deleted {
 			t.Errorf("Delete of another owner's row: %v, %v, want ErrNotOwned", deleted, err)
 		}
-		if released, err := r.Release(ctx, mine); !errors.Is(err, registry.ErrNotOwned) || released {
+		if released, err := r.Release(ctx, mine, "test"); !errors.Is(err, registry.ErrNotOwned) || released {
 			t.Errorf("Release of another owner's row: %v, %v, want ErrNotOwned", released, err)
 		}
 		got, _ := r.Get(ctx, "u1")
@@ -201,30 +201,30 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 
 	t.Run("delete", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
-		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+		if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
 		}
-		if deleted, err := r.Delete(ctx, "u1", "ctl"); err != nil || !deleted {
+		if deleted, err := r.Delete(ctx, "u1", "ctl", "test"); err != nil || !deleted {
 			t.Fatalf("Delete: %v, %v, want true, nil", deleted, err)
 		}
 		if _, err := r.Get(ctx, "u1"); !errors.Is(err, registry.ErrNotFound) {
 			t.Errorf("row still there after Delete: %v", err)
 		}
 		// A delete is idempotent: once more is no error and deletes nothing.
-		if deleted, err := r.Delete(ctx, "u1", "ctl"); err != nil || deleted {
+		if deleted, err := r.Delete(ctx, "u1", "ctl", "test"); err != nil || deleted {
 			t.Errorf("second Delete: %v, %v, want false, nil", deleted, err)
 		}
 	})
 
 	t.Run("release", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
-		written, err := r.Upsert(ctx, student("u1", "ctl"))
+		written, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		last := student("u1", "ctl")
 		last.School, last.Generation = "北京四中", 2
-		if released, err := r.Release(ctx, last); err != nil || !released {
+		if released, err := r.Release(ctx, last, "test"); err != nil || !released {
 			t.Fatalf("Release: %v, %v, want true, nil", released, err)
 		}
 		got, err := r.Get(ctx, "u1")
@@ -240,13 +240,13 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 			t.Errorf("released row (-want +got):\n%s", diff)
 		}
 		// Released means no controller changes it again, its old owner included.
-		if _, err := r.Upsert(ctx, student("u1", "ctl")); !errors.Is(err, registry.ErrNotOwned) {
+		if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); !errors.Is(err, registry.ErrNotOwned) {
 			t.Errorf("Upsert over a released row: %v, want ErrNotOwned", err)
 		}
-		if _, err := r.Delete(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrNotOwned) {
+		if _, err := r.Delete(ctx, "u1", "ctl", "test"); !errors.Is(err, registry.ErrNotOwned) {
 			t.Errorf("Delete of a released row: %v, want ErrNotOwned", err)
 		}
-		if released, err := r.Release(ctx, student("missing", "ctl")); err != nil || released {
+		if released, err := r.Release(ctx, student("missing", "ctl"), "test"); err != nil || released {
 			t.Errorf("Release of a missing row: %v, %v, want false, nil", released, err)
 		}
 		if rows, _, _ := r.List(ctx, "ctl"); len(rows) != 0 {
@@ -257,7 +257,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 	t.Run("list by owner", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
 		for _, rec := range []registry.Record{student("b", "ctl"), student("a", "ctl"), student("c", "other")} {
-			if _, err := r.Upsert(ctx, rec); err != nil {
+			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -277,7 +277,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 	t.Run("reopen keeps rows and schema", func(t *testing.T) {
 		url := newURL(t, b)
 		r := open(t, url, newFakeClock())
-		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+		if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
 		}
 		r.Close()
@@ -299,11 +299,11 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 				wg.Go(func() {
 					for n := range perWorker {
 						rec := student(fmt.Sprintf("r%d-w%d-%d", i, w, n), fmt.Sprintf("ctl-%d", i))
-						if _, err := r.Upsert(ctx, rec); err != nil {
+						if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
 							errs <- err
 						}
 						rec.School = "updated"
-						if _, err := r.Upsert(ctx, rec); err != nil {
+						if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
 							errs <- err
 						}
 					}
@@ -353,7 +353,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 			}
 		}
 		r := open(t, url, newFakeClock())
-		if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+		if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
 			t.Errorf("Upsert after concurrent opens: %v", err)
 		}
 	})
@@ -363,11 +363,11 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 	t.Run("unreachable database", func(t *testing.T) {
 		url, db := b.New(t)
 		r := open(t, url, newFakeClock())
-		if _, err := r.Upsert(ctx, student("before", "ctl")); err != nil {
+		if _, err := r.Upsert(ctx, student("before", "ctl"), registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
 		}
 		restore := b.Outage(t, db)
-		_, err := r.Upsert(ctx, student("u1", "ctl"))
+		_, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"})
 		if err == nil {
 			restore()
 			t.Fatal("Upsert succeeded while the database was out")
@@ -379,7 +379,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		// Connections cut by the outage may fail once more; the controller retries.
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			_, err := r.Upsert(ctx, student("u1", "ctl"))
+			_, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"})
 			if err == nil {
 				break
 			}
@@ -398,7 +398,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		for uid, policy := range map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan, "unknown": ""} {
 			rec := student(uid, "ctl")
 			rec.DeletionPolicy = policy
-			if _, err := r.Upsert(ctx, rec); err != nil {
+			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
 				t.Fatal(err)
 			}
 			got, err := r.Get(ctx, uid)
@@ -414,13 +414,13 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		for uid, policy := range map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan, "unknown": ""} {
 			rec := student(uid, "ctl")
 			rec.DeletionPolicy = policy
-			if _, err := r.Upsert(ctx, rec); err != nil {
+			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := r.Relinquish(ctx, uid, "other"); !errors.Is(err, registry.ErrNotOwned) {
+			if _, err := r.Relinquish(ctx, uid, "other", "test"); !errors.Is(err, registry.ErrNotOwned) {
 				t.Errorf("Relinquish %s by another owner: %v, want ErrNotOwned", uid, err)
 			}
-			got, err := r.Relinquish(ctx, uid, "ctl")
+			got, err := r.Relinquish(ctx, uid, "ctl", "test")
 			if err != nil || got != want[uid] {
 				t.Errorf("Relinquish %s: %q, %v; want %q", uid, got, err, want[uid])
 			}
@@ -436,7 +436,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 				}
 			}
 		}
-		if got, err := r.Relinquish(ctx, "nope", "ctl"); err != nil || got != registry.Absent {
+		if got, err := r.Relinquish(ctx, "nope", "ctl", "test"); err != nil || got != registry.Absent {
 			t.Errorf("Relinquish of a missing row: %q, %v", got, err)
 		}
 	})
@@ -480,7 +480,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if err != nil || first <= 0 {
 			t.Fatalf("TakeFence: %d, %v; want a positive token", first, err)
 		}
-		if _, err := old.Upsert(ctx, student("u1", "ctl")); err != nil {
+		if _, err := old.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
 		}
 		if tok, err := next.TakeFence(ctx, "ctl"); err != nil || tok <= 0 || tok == first {
@@ -488,22 +488,22 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 		late := student("u1", "ctl")
 		late.School, late.Generation = "a late write", 2
-		if _, err := old.Upsert(ctx, late); !errors.Is(err, registry.ErrFenced) {
+		if _, err := old.Upsert(ctx, late, registry.Why{Cause: "test"}); !errors.Is(err, registry.ErrFenced) {
 			t.Errorf("Upsert by the fenced writer: %v, want ErrFenced", err)
 		}
-		if _, err := old.Delete(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrFenced) {
+		if _, err := old.Delete(ctx, "u1", "ctl", "test"); !errors.Is(err, registry.ErrFenced) {
 			t.Errorf("Delete by the fenced writer: %v, want ErrFenced", err)
 		}
-		if _, err := old.Release(ctx, late); !errors.Is(err, registry.ErrFenced) {
+		if _, err := old.Release(ctx, late, "test"); !errors.Is(err, registry.ErrFenced) {
 			t.Errorf("Release by the fenced writer: %v, want ErrFenced", err)
 		}
-		if _, err := old.Relinquish(ctx, "u1", "ctl"); !errors.Is(err, registry.ErrFenced) {
+		if _, err := old.Relinquish(ctx, "u1", "ctl", "test"); !errors.Is(err, registry.ErrFenced) {
 			t.Errorf("Relinquish by the fenced writer: %v, want ErrFenced", err)
 		}
 		if got, err := next.Get(ctx, "u1"); err != nil || got.School != "深圳中学" || got.Owner != "ctl" {
 			t.Errorf("row after the fenced writes: %+v, %v; want it unchanged", got, err)
 		}
-		if _, err := next.Upsert(ctx, late); err != nil {
+		if _, err := next.Upsert(ctx, late, registry.Why{Cause: "test"}); err != nil {
 			t.Errorf("Upsert by the fence's holder: %v", err)
 		}
 	})
@@ -511,7 +511,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 	t.Run("an owner renamed takes its rows and binding along", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
 		for _, rec := range []registry.Record{student("u1", "old"), student("u2", "old"), student("u3", "taken")} {
-			if _, err := r.Upsert(ctx, rec); err != nil {
+			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -532,6 +532,155 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 		if _, err := r.Bind(ctx, "new", "cluster-b"); !errors.Is(err, registry.ErrOtherCluster) {
 			t.Errorf("the new owner's binding: %v, want it bound to cluster-a", err)
+		}
+		for _, uid := range []string{"u1", "u2"} {
+			h, err := r.History(ctx, "default", "zhang-san-"+uid)
+			if err != nil || len(h) != 2 || h[1].Action != registry.ActionAdopted || h[1].Owner != "new" || h[1].Cause != registry.CauseOwnerMove {
+				t.Errorf("history of %s after the rename: %+v, %v; want its write, then adopted by new", uid, h, err)
+			}
+		}
+	})
+
+	t.Run("every write leaves one history row, in its transaction", func(t *testing.T) {
+		url, db := b.New(t)
+		clock := newFakeClock()
+		r, err := registry.Open(ctx, url, registry.Options{Now: clock.Now, Actor: "pod-a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		if _, err := r.TakeFence(ctx, "ctl"); err != nil {
+			t.Fatal(err)
+		}
+		u1 := student("u1", "ctl")
+		u1.DeletionPolicy = registry.PolicyDelete
+		write := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err = r.Upsert(ctx, u1, registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent})
+		write(err)
+		u1.School, u1.Generation = "北京四中", 2
+		_, err = r.Upsert(ctx, u1, registry.Why{Action: registry.ActionUpdated, Cause: registry.CauseSpecChange})
+		write(err)
+		// Refused writes leave no history: stale, not owned, nothing to delete.
+		stale := u1
+		stale.Generation = 1
+		if _, err := r.Upsert(ctx, stale, registry.Why{Cause: registry.CauseDrift}); !errors.Is(err, registry.ErrStale) {
+			t.Fatalf("stale upsert: %v", err)
+		}
+		if _, err := r.Delete(ctx, "u1", "someone-else", registry.CauseFinalizer); !errors.Is(err, registry.ErrNotOwned) {
+			t.Fatalf("delete as another owner: %v", err)
+		}
+		if deleted, err := r.Delete(ctx, "absent", "ctl", registry.CauseFinalizer); err != nil || deleted {
+			t.Fatalf("delete of no row: %v, %v", deleted, err)
+		}
+		_, err = r.Delete(ctx, "u1", "ctl", registry.CauseFinalizer)
+		write(err)
+		_, err = r.Upsert(ctx, u1, registry.Why{Action: registry.ActionRestored, Cause: registry.CauseRestore})
+		write(err)
+		outcome, err := r.Relinquish(ctx, "u1", "ctl", registry.CauseSweep)
+		if err != nil || outcome != registry.Deleted {
+			t.Fatalf("Relinquish: %v, %v", outcome, err)
+		}
+		u2 := student("u2", "ctl")
+		u2.DeletionPolicy = registry.PolicyOrphan
+		_, err = r.Upsert(ctx, u2, registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent})
+		write(err)
+		_, err = r.Release(ctx, u2, registry.CauseFinalizer)
+		write(err)
+		// A write rolled back by the fence leaves no history either.
+		other := open(t, url, newFakeClock())
+		if _, err := other.TakeFence(ctx, "ctl"); err != nil {
+			t.Fatal(err)
+		}
+		u3 := student("u3", "ctl")
+		if _, err := r.Upsert(ctx, u3, registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent}); !errors.Is(err, registry.ErrFenced) {
+			t.Fatalf("fenced upsert: %v", err)
+		}
+
+		type step struct {
+			Action, Cause, School string
+			Generation            int64
+		}
+		want := map[string][]step{
+			"u1": {
+				{registry.ActionCreated, registry.CauseNewStudent, "深圳中学", 1},
+				{registry.ActionUpdated, registry.CauseSpecChange, "北京四中", 2},
+				{registry.ActionDeleted, registry.CauseFinalizer, "北京四中", 2},
+				{registry.ActionRestored, registry.CauseRestore, "北京四中", 2},
+				{registry.ActionDeleted, registry.CauseSweep, "北京四中", 2},
+			},
+			"u2": {
+				{registry.ActionCreated, registry.CauseNewStudent, "深圳中学", 1},
+				{registry.ActionReleased, registry.CauseFinalizer, "深圳中学", 1},
+			},
+			"u3": nil,
+		}
+		var last time.Time
+		var lastID int64
+		for uid, steps := range want {
+			h, err := r.History(ctx, "default", "zhang-san-"+uid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []step
+			for _, e := range h {
+				got = append(got, step{e.Action, e.Cause, e.School, e.Generation})
+				if e.UID != uid || e.Owner != "ctl" || e.Actor != "pod-a" || e.StudentName != "张三" || e.At.IsZero() {
+					t.Errorf("history row of %s: %+v; want its uid, the owner, the actor and the values written", uid, e)
+				}
+				if uid == "u1" && (e.ID <= lastID || e.At.Before(last)) {
+					t.Errorf("history of u1 out of order: %+v after id %d at %v", e, lastID, last)
+				}
+				if uid == "u1" {
+					last, lastID = e.At, e.ID
+				}
+			}
+			if diff := cmp.Diff(steps, got); diff != "" {
+				t.Errorf("history of %s (-want +got):\n%s", uid, diff)
+			}
+		}
+		// The database's own date functions read the times.
+		query := `SELECT count(*) FROM student_history WHERE datetime(at) IS NOT at`
+		if b.Name == "postgres" {
+			query = `SELECT count(*) FROM student_history WHERE NOT isfinite(at)`
+		}
+		var bad int
+		if err := db.QueryRow(query).Scan(&bad); err != nil || bad != 0 {
+			t.Errorf("history times the database cannot read: %d, %v", bad, err)
+		}
+	})
+
+	t.Run("the history is pruned in batches, the newer rows kept", func(t *testing.T) {
+		url, db := b.New(t)
+		r := open(t, url, newFakeClock())
+		if _, err := r.Upsert(ctx, student("kept", "ctl"), registry.Why{Cause: registry.CauseNewStudent}); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+		for i := range 2500 {
+			if _, err := tx.Exec(`INSERT INTO student_history (at, uid, action, owner, cause, actor) VALUES ($1, $2, 'deleted', 'ctl', 'sweep', 'test')`,
+				old.Add(time.Duration(i)*time.Second).Format(time.DateTime), fmt.Sprintf("old-%d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		n, err := r.PruneHistory(ctx, time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+		if err != nil || n != 2500 {
+			t.Errorf("PruneHistory: %d, %v; want the 2500 old rows", n, err)
+		}
+		var left int
+		if err := db.QueryRow(`SELECT count(*) FROM student_history`).Scan(&left); err != nil || left != 1 {
+			t.Errorf("history rows left: %d, %v; want the newer one", left, err)
 		}
 	})
 }
@@ -699,7 +848,7 @@ func TestPostgresPasswordRotation(t *testing.T) {
 	}
 	current.Store("second-password")
 	time.Sleep(10 * time.Millisecond) // past the connections' lifetime: the next write opens a new one
-	if _, err := r.Upsert(ctx, student("u1", "ctl")); err != nil {
+	if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
 		t.Errorf("write after the password was rotated: %v", err)
 	}
 }

@@ -93,7 +93,7 @@ func measureSweep(ctx context.Context, n int, name, url string) (sweepResult, er
 			UID: string(s.UID), Namespace: s.Namespace, Name: s.Name,
 			StudentName: s.Spec.Name, School: s.Spec.School, Owner: owner, Generation: s.Generation,
 			DeletionPolicy: registry.PolicyDelete, // what the controller writes for a Student without one
-		}); err != nil {
+		}, registry.Why{Cause: "test"}); err != nil {
 			return err
 		}
 		return informer.Informer().GetIndexer().Add(s)

@@ -428,7 +428,7 @@ func seedOtherOwner(ctx context.Context, registryURL string, db *sql.DB) (map[st
 		if _, err := reg.Upsert(ctx, registry.Record{
 			UID: fmt.Sprintf("other-%02d", i), Namespace: namespaces[i%len(namespaces)], Name: fmt.Sprintf("s-%05d", i),
 			StudentName: "someone else's", School: "another school", Owner: otherOwner, Generation: 1,
-		}); err != nil {
+		}, registry.Why{Cause: "test"}); err != nil {
 			return nil, err
 		}
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -84,4 +85,62 @@ func exitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return -1
+}
+
+// TestJSONLogs: with --logging-format=json every line the controller writes is one JSON
+// object, and a sync's lines carry the Student, its uid, the action, the generation and
+// the sync's duration. An unknown format is refused with exit code 2.
+func TestJSONLogs(t *testing.T) {
+	bin := ctrlbin.Binary(t)
+	out, err := exec.Command(bin, "--logging-format=xml").CombinedOutput()
+	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "Unsupported log format") {
+		t.Errorf("--logging-format=xml: exit %d, output %q", code, out)
+	}
+
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	path := filepath.Join(t.TempDir(), "registry.db")
+	c := startProcess(t, "controller", "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
+		"--registry", "sqlite://"+path, "--registry-owner", owner, "--logging-format=json", "-v=4")
+	created, err := students(ns).Create(context.Background(), newStudent("zhang-san", "深圳中学", ""), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAllReady(t, ns, 1, time.Minute)
+	c.signal(syscall.SIGTERM)
+	if err := c.wait(45 * time.Second); err != nil {
+		t.Errorf("after SIGTERM: %v", err)
+	}
+
+	type ref struct{ Name, Namespace string }
+	var wrote, synced int
+	lines := strings.Split(strings.TrimSpace(c.Output()), "\n")
+	for _, line := range lines {
+		var entry struct {
+			Msg        string  `json:"msg"`
+			V          *int    `json:"v"`
+			Student    ref     `json:"student"`
+			UID        string  `json:"uid"`
+			Action     string  `json:"action"`
+			Generation int64   `json:"generation"`
+			Duration   *string `json:"duration"`
+		}
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("a log line is not JSON (%v): %s", err, line)
+		}
+		if entry.Msg == "" {
+			t.Errorf("a log line has no msg: %s", line)
+		}
+		student := ref{Name: "zhang-san", Namespace: ns}
+		switch {
+		case entry.Msg == "Wrote registry row" && entry.Student == student && entry.UID == string(created.UID) &&
+			entry.Action == "created" && entry.Generation == 1:
+			wrote++
+		case entry.Msg == "Synced Student" && entry.Student == student && entry.Duration != nil && *entry.Duration != "":
+			synced++
+		}
+	}
+	if wrote != 1 || synced == 0 {
+		t.Errorf("%d lines of the row written with student, uid, action and generation (want 1), %d of a sync with its duration (want some), in:\n%s",
+			wrote, synced, c.Output())
+	}
 }

@@ -184,6 +184,34 @@ func testConvergeUpdateRestart(t *testing.T, b registrytest.Backend) {
 		t.Errorf("a restart over synced Students wrote %d registry rows", got)
 	}
 	assertRowsMatch(t, db, waitAllReady(t, ns, 100, time.Second))
+	// One history row per row written: the 100 first rows and the update.
+	want := map[string]int{"created/new-student": 100, "updated/spec-change": 1}
+	if diff := cmp.Diff(want, historyCounts(t, db, ns)); diff != "" {
+		t.Errorf("history rows by action/cause (-want +got):\n%s", diff)
+	}
+}
+
+// historyCounts counts the history rows of namespace ns by action/cause.
+func historyCounts(t *testing.T, db *sql.DB, ns string) map[string]int {
+	t.Helper()
+	rows, err := db.Query(`SELECT action || '/' || cause, count(*) FROM student_history WHERE namespace = $1 GROUP BY action, cause`, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var key string
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[key] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestDeletePolicies: with Delete the row is gone before the object is; with Orphan the
@@ -245,6 +273,10 @@ func testDeletePolicies(t *testing.T, b registrytest.Backend) {
 	var releasedAt sql.NullString
 	if err := db.QueryRow(`SELECT released_at FROM students WHERE uid = $1`, uids["keep-my-row"]).Scan(&releasedAt); err != nil || !releasedAt.Valid {
 		t.Errorf("policy Orphan: released_at = %v, %v; want it set", releasedAt, err)
+	}
+	want := map[string]int{"created/new-student": 2, "deleted/finalizer": 1, "released/finalizer": 1}
+	if diff := cmp.Diff(want, historyCounts(t, db, ns)); diff != "" {
+		t.Errorf("history rows by action/cause (-want +got):\n%s", diff)
 	}
 }
 

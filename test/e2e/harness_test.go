@@ -157,19 +157,19 @@ func (r *countingRegistry) Get(ctx context.Context, uid string) (registry.Record
 	return r.Registry.Get(ctx, uid)
 }
 
-func (r *countingRegistry) Upsert(ctx context.Context, rec registry.Record) (registry.Record, error) {
+func (r *countingRegistry) Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
 	r.writes.Add(1)
-	return r.Registry.Upsert(ctx, rec)
+	return r.Registry.Upsert(ctx, rec, why)
 }
 
-func (r *countingRegistry) Delete(ctx context.Context, uid, owner string) (bool, error) {
+func (r *countingRegistry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
 	r.writes.Add(1)
-	return r.Registry.Delete(ctx, uid, owner)
+	return r.Registry.Delete(ctx, uid, owner, cause)
 }
 
-func (r *countingRegistry) Release(ctx context.Context, rec registry.Record) (bool, error) {
+func (r *countingRegistry) Release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
 	r.writes.Add(1)
-	return r.Registry.Release(ctx, rec)
+	return r.Registry.Release(ctx, rec, cause)
 }
 
 // running is a controller running in this process, wired by controller.NewWiring as

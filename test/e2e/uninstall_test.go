@@ -128,14 +128,22 @@ func TestUninstall(t *testing.T) {
 		u := newUninstallCluster(t)
 		ctrl := startProcess(t, "controller", u.args...)
 		u.populate(t)
+		// A paused Student's deletion waits until it is unpaused: the script does that.
+		for _, key := range [][2]string{{"school-a", "s-1"}, {"school-b", "s-2"}} {
+			pauseStudent(t, u.students, key[0], key[1], true)
+		}
 		// Without --yes and no terminal to ask on, nothing is done; the plan is shown.
 		out, err := u.uninstall("2m", "--ask", "kustomize")
 		if err == nil || !strings.Contains(out, "API server https://127.0.0.1:") || !strings.Contains(out, "every Student in the cluster (") ||
 			!strings.Contains(out, "nothing done") {
 			t.Errorf("hack/uninstall.sh without --yes: %v, want the context, the plan and a refusal:\n%s", err, out)
 		}
-		if out, err := u.uninstall("2m"); err != nil {
+		out, err = u.uninstall("2m")
+		if err != nil {
 			t.Fatalf("hack/uninstall.sh: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "unpausing Student school-a/s-1") || !strings.Contains(out, "unpausing Student school-b/s-2") {
+			t.Errorf("hack/uninstall.sh did not say that it unpaused the paused Students:\n%s", out)
 		}
 		ctrl.signal(syscall.SIGTERM)
 		u.assertNothingLeft(t)

@@ -52,7 +52,7 @@ func TestKubectl(t *testing.T) {
 		{[]string{"get", "stu", "-n", "default"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "AGE"}},
 		{[]string{"get", "students.bolingcavalry.k8s.io", "-n", "default"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "AGE"}},
 		{[]string{"get", "school", "-n", "default"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "AGE"}},
-		{[]string{"get", "stu", "-n", "default", "-o", "wide"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "REASON", "POLICY", "LAST WRITTEN", "AGE"}},
+		{[]string{"get", "stu", "-n", "default", "-o", "wide"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "REASON", "POLICY", "SYNC", "LAST WRITTEN", "AGE"}},
 	} {
 		out := kubectl(ctx, t, tc.args...)
 		lines := strings.Split(strings.TrimSpace(out), "\n")

@@ -54,9 +54,9 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if controllerutil.ContainsFinalizer(&s, finalizer) {
 			var err error
 			if s.Spec.DeletionPolicy == studentv1.DeletionPolicyOrphan {
-				_, err = r.Registry.Release(ctx, rec)
+				_, err = r.Registry.Release(ctx, rec, registry.CauseFinalizer)
 			} else {
-				_, err = r.Registry.Delete(ctx, string(s.UID), r.Owner)
+				_, err = r.Registry.Delete(ctx, string(s.UID), r.Owner, registry.CauseFinalizer)
 			}
 			if err != nil && !errors.Is(err, registry.ErrNotOwned) {
 				return ctrl.Result{}, err
@@ -75,7 +75,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 
-	row, err := r.Registry.Upsert(ctx, rec)
+	row, err := r.Registry.Upsert(ctx, rec, registry.Why{Cause: registry.CauseSpecChange})
 	cond := metav1.Condition{Type: studentv1.ConditionReady, Status: metav1.ConditionTrue, Reason: studentv1.ReasonSynced,
 		Message: "The registry row matches the spec", ObservedGeneration: s.Generation}
 	if err != nil {

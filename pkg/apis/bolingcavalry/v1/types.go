@@ -6,6 +6,11 @@ import (
 
 // Student is a student whose record the student-controller keeps in the student
 // registry: the object is the desired state, the registry row the actual state.
+// Two annotations steer the controller: bolingcavalry.k8s.io/paused: "true" holds the
+// Student still (no registry write, its deletion waits; status shows a Synced=False
+// condition, reason Paused), and a new value of
+// bolingcavalry.k8s.io/reconcile-requested-at asks for a sync now, one that reads the
+// row from the registry; status.lastHandledReconcileAt then holds that value.
 //
 // +genclient
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -18,6 +23,7 @@ import (
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the registry row matches the spec"
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1,description="Why the student is or is not ready"
 // +kubebuilder:printcolumn:name="Policy",type=string,JSONPath=`.spec.deletionPolicy`,priority=1,description="What happens to the registry row on delete"
+// +kubebuilder:printcolumn:name="Sync",type=string,JSONPath=`.status.conditions[?(@.type=="Synced")].reason`,priority=1,description="Paused while the paused annotation holds the Student still"
 // +kubebuilder:printcolumn:name="Last Written",type=date,JSONPath=`.status.registry.lastWrittenTime`,priority=1,description="When the registry row was last written"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Student struct {
@@ -95,6 +101,14 @@ type StudentStatus struct {
 	// Registry describes the student's row in the registry, once it has been written.
 	// +optional
 	Registry *RegistryStatus `json:"registry,omitempty"`
+
+	// LastHandledReconcileAt is the value of the bolingcavalry.k8s.io/reconcile-requested-at
+	// annotation that the controller last handled: it synced the Student after reading
+	// its row from the registry. Set the annotation to a new value (a time, a counter)
+	// and wait for this field to show it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	LastHandledReconcileAt string `json:"lastHandledReconcileAt,omitempty"`
 }
 
 // RegistryStatus describes a Student's row in the student registry.
@@ -117,10 +131,26 @@ type RegistryStatus struct {
 // config/admission adds it when a Student is created.
 const FinalizerRegistryRow = "bolingcavalry.k8s.io/registry-row"
 
+// The annotations by which an operator steers the controller for one Student.
+const (
+	// AnnotationPaused, set to "true", holds the Student still: the controller writes
+	// neither its registry row nor its status beyond a Synced=False condition with
+	// reason Paused, and its deletion waits (Terminating) until the annotation is
+	// removed or set to anything else. The row can be repaired by hand meanwhile.
+	AnnotationPaused = "bolingcavalry.k8s.io/paused"
+	// AnnotationReconcileRequestedAt asks for a sync now whenever its value changes
+	// (any token: a time, a counter). That sync reads the row from the registry and
+	// records the value in status.lastHandledReconcileAt.
+	AnnotationReconcileRequestedAt = "bolingcavalry.k8s.io/reconcile-requested-at"
+)
+
 // The condition types and reasons that the controller reports on a Student.
 const (
 	// ConditionReady summarises the Student: True when its registry row matches the spec.
 	ConditionReady = "Ready"
+	// ConditionSynced is present only while the Student is paused: False, with reason
+	// ReasonPaused. Ready then still says what the controller last saw.
+	ConditionSynced = "Synced"
 
 	// ReasonSynced: the registry row matches the spec.
 	ReasonSynced = "Synced"
@@ -132,6 +162,8 @@ const (
 	ReasonInvalidSpec = "InvalidSpec"
 	// ReasonDeleting: the Student is being deleted and its row is being removed or released.
 	ReasonDeleting = "Deleting"
+	// ReasonPaused: the paused annotation holds the Student still.
+	ReasonPaused = "Paused"
 )
 
 // StudentList is a list of Students.

@@ -29,6 +29,11 @@ import (
 //
 // Student is a student whose record the student-controller keeps in the student
 // registry: the object is the desired state, the registry row the actual state.
+// Two annotations steer the controller: bolingcavalry.k8s.io/paused: "true" holds the
+// Student still (no registry write, its deletion waits; status shows a Synced=False
+// condition, reason Paused), and a new value of
+// bolingcavalry.k8s.io/reconcile-requested-at asks for a sync now, one that reads the
+// row from the registry; status.lastHandledReconcileAt then holds that value.
 type StudentApplyConfiguration struct {
 	metav1.TypeMetaApplyConfiguration `json:""`
 	// Standard object metadata.

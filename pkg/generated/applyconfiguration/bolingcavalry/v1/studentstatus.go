@@ -34,6 +34,11 @@ type StudentStatusApplyConfiguration struct {
 	Conditions []metav1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 	// Registry describes the student's row in the registry, once it has been written.
 	Registry *RegistryStatusApplyConfiguration `json:"registry,omitempty"`
+	// LastHandledReconcileAt is the value of the bolingcavalry.k8s.io/reconcile-requested-at
+	// annotation that the controller last handled: it synced the Student after reading
+	// its row from the registry. Set the annotation to a new value (a time, a counter)
+	// and wait for this field to show it.
+	LastHandledReconcileAt *string `json:"lastHandledReconcileAt,omitempty"`
 }
 
 // StudentStatusApplyConfiguration constructs a declarative configuration of the StudentStatus type for use with
@@ -68,5 +73,13 @@ func (b *StudentStatusApplyConfiguration) WithConditions(values ...*metav1.Condi
 // If called multiple times, the Registry field is set to the value of the last call.
 func (b *StudentStatusApplyConfiguration) WithRegistry(value *RegistryStatusApplyConfiguration) *StudentStatusApplyConfiguration {
 	b.Registry = value
+	return b
+}
+
+// WithLastHandledReconcileAt sets the LastHandledReconcileAt field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the LastHandledReconcileAt field is set to the value of the last call.
+func (b *StudentStatusApplyConfiguration) WithLastHandledReconcileAt(value string) *StudentStatusApplyConfiguration {
+	b.LastHandledReconcileAt = &value
 	return b
 }

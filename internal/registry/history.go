@@ -1,0 +1,184 @@
+package registry
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// What the history records of a write: the action done to the row.
+const (
+	ActionCreated  = "created"
+	ActionUpdated  = "updated"
+	ActionRestored = "restored"
+	ActionDeleted  = "deleted"
+	ActionReleased = "released"
+	ActionAdopted  = "adopted"
+)
+
+// Why a row was written, as the history records it.
+const (
+	// CauseNewStudent: the first row of a new Student.
+	CauseNewStudent = "new-student"
+	// CauseSpecChange: the Student's spec changed (a new generation).
+	CauseSpecChange = "spec-change"
+	// CauseDrift: the row had been changed, or made unreadable, by someone else.
+	CauseDrift = "drift"
+	// CauseRestore: the row had gone missing after it was written.
+	CauseRestore = "restore"
+	// CauseFinalizer: the Student was deleted; its finalizer let the row go.
+	CauseFinalizer = "finalizer"
+	// CauseSweep: a sweep found the row without its Student.
+	CauseSweep = "sweep"
+	// CauseStaleCache: the row was written from a cache that was behind, for a Student
+	// already gone, and is let go again.
+	CauseStaleCache = "stale-cache"
+	// CauseOwnerMove: the owner mark was renamed (student-controller registry rename-owner).
+	CauseOwnerMove = "owner-move"
+)
+
+// Why says why a row is written, for the history row written with it.
+type Why struct {
+	// Action is what Upsert does: ActionCreated, ActionUpdated (when empty) or
+	// ActionRestored. Delete, Release and Relinquish record what they did.
+	Action string
+	// Cause is one of the Cause constants; "unspecified" when empty.
+	Cause string
+}
+
+// HistoryEntry is one row of the history.
+type HistoryEntry struct {
+	ID          int64
+	At          time.Time
+	UID         string
+	Namespace   string
+	Name        string
+	StudentName string
+	School      string
+	Generation  int64
+	Action      string
+	Owner       string
+	Cause       string
+	Actor       string
+}
+
+const historyInsertSQL = `INSERT INTO student_history
+	(at, uid, namespace, name, student_name, school, generation, action, owner, cause, actor)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+
+// entry is a history row about to be written: the values of the students row are
+// taken as the database returned them (any), so that one written past the schema is
+// recorded as it was rather than failing the write.
+type entry struct {
+	uid, action, owner, cause                        string
+	namespace, name, studentName, school, generation any
+}
+
+// entryOf is the history row of a write of rec.
+func entryOf(rec Record, action, cause string) entry {
+	return entry{uid: rec.UID, action: action, owner: rec.Owner, cause: cause,
+		namespace: rec.Namespace, name: rec.Name, studentName: rec.StudentName, school: rec.School, generation: rec.Generation}
+}
+
+// returned is what a delete or release returns of the row it changed: what its history
+// row copies.
+const returned = ` RETURNING namespace, name, student_name, school, generation`
+
+// scanReturned reads the RETURNING of a delete or release into e; false when no row
+// was changed.
+func scanReturned(row *sql.Row, e *entry) (bool, error) {
+	err := row.Scan(&e.namespace, &e.name, &e.studentName, &e.school, &e.generation)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// write runs the statements of one write and the history rows they report, stamped
+// at, in one transaction, which ends with the write fence's check while this registry holds a
+// fence: rolled back with ErrFenced when another controller has taken the owner's
+// fence since. fn runs its statements through in, which puts them in the
+// transaction, and returns the history rows of what it changed.
+func (r *Registry) write(ctx context.Context, at time.Time, fn func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error)) error {
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	in := func(s *sql.Stmt) *sql.Stmt { return tx.StmtContext(ctx, s) }
+	entries, err := fn(in)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.cause == "" {
+			e.cause = "unspecified"
+		}
+		if _, err := in(r.history).ExecContext(ctx, at, e.uid, e.namespace, e.name, e.studentName, e.school, e.generation,
+			e.action, e.owner, e.cause, r.actor); err != nil {
+			return fmt.Errorf("write the history row: %w", err)
+		}
+	}
+	if token := r.fence.Load(); token != 0 {
+		owner := *r.fenceOwner.Load()
+		n, err := affected(in(r.fenceCheck).ExecContext(ctx, owner, token))
+		if err != nil {
+			return fmt.Errorf("check the write fence: %w", err)
+		}
+		if n == 0 {
+			return fmt.Errorf("write fence %d of owner %q: %w", token, owner, ErrFenced)
+		}
+	}
+	return tx.Commit()
+}
+
+// History returns the history of the Student namespace/name, oldest first: every
+// write of a row of that name, whatever its uid (a Student deleted and created again
+// has two).
+func (r *Registry) History(ctx context.Context, namespace, name string) ([]HistoryEntry, error) {
+	rows, err := r.db.QueryContext(ctx, `SELECT id, at, uid, COALESCE(namespace, ''), COALESCE(name, ''),
+		COALESCE(student_name, ''), COALESCE(school, ''), COALESCE(generation, 0), action, owner, cause, actor
+		FROM student_history WHERE namespace = $1 AND name = $2 ORDER BY id`, namespace, name)
+	if err != nil {
+		return nil, fmt.Errorf("read the history of %s/%s: %w", namespace, name, err)
+	}
+	defer rows.Close()
+	var out []HistoryEntry
+	for rows.Next() {
+		var h HistoryEntry
+		if err := rows.Scan(&h.ID, &h.At, &h.UID, &h.Namespace, &h.Name, &h.StudentName, &h.School, &h.Generation,
+			&h.Action, &h.Owner, &h.Cause, &h.Actor); err != nil {
+			return nil, fmt.Errorf("read the history of %s/%s: %w", namespace, name, err)
+		}
+		h.At = h.At.UTC()
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the history of %s/%s: %w", namespace, name, err)
+	}
+	return out, nil
+}
+
+// pruneBatch is how many history rows one prune transaction deletes: small enough
+// that no writer waits long for the lock it holds.
+const pruneBatch = 1000
+
+// PruneHistory deletes the history rows written before before, pruneBatch at a time,
+// each batch its own short transaction, and returns how many went. It stops early,
+// with what it deleted so far, when ctx is done.
+func (r *Registry) PruneHistory(ctx context.Context, before time.Time) (int64, error) {
+	var total int64
+	for {
+		n, err := affected(r.db.ExecContext(ctx, `DELETE FROM student_history WHERE id IN
+			(SELECT id FROM student_history WHERE at < $1 ORDER BY at LIMIT $2)`, before.UTC(), pruneBatch))
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("prune the history before %s: %w", before.UTC().Format(time.RFC3339), err)
+		}
+		if n < pruneBatch {
+			return total, nil
+		}
+	}
+}
