@@ -92,27 +92,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "student_controller_students_paused",
 		Help: "Students that the annotation bolingcavalry.k8s.io/paused holds still: nothing is written for them.",
-	}, func() float64 {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return float64(len(m.pausedSince))
-	})
+	}, func() float64 { n, _ := m.pausedStats(); return float64(n) })
 	m.pausedOldest = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "student_controller_students_paused_oldest_timestamp_seconds",
 		Help: "When the Student paused longest was paused (its Synced condition's lastTransitionTime), in seconds since the epoch; 0 when none is paused.",
 	}, func() float64 {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		var oldest time.Time
-		for _, since := range m.pausedSince {
-			if oldest.IsZero() || since.Before(oldest) {
-				oldest = since
-			}
+		if _, oldest := m.pausedStats(); !oldest.IsZero() {
+			return float64(oldest.Unix())
 		}
-		if oldest.IsZero() {
-			return 0
-		}
-		return float64(oldest.Unix())
+		return 0
 	})
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
@@ -149,6 +137,18 @@ func (m *Metrics) observeReady(key string, ready bool) {
 func (m *Metrics) forget(key string) {
 	m.observeReady(key, true)
 	m.observeUnpaused(key)
+}
+
+// pausedStats is how many Students are paused, and since when the one paused longest.
+func (m *Metrics) pausedStats() (n int, oldest time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, since := range m.pausedSince {
+		if oldest.IsZero() || since.Before(oldest) {
+			oldest = since
+		}
+	}
+	return len(m.pausedSince), oldest
 }
 
 // observePaused records that the Student of key is paused, since then.
