@@ -64,6 +64,10 @@ type Config struct {
 	// UID). When set, every sweep first checks that the registry binds Owner to it, and
 	// the controller stops if not: another cluster's controller took the owner over.
 	Cluster string
+	// Namespace is the one namespace whose Students the controller watches; all when
+	// empty. The sweep compares only the owner's rows of that namespace: a row of
+	// another namespace is outside its scope, never an orphan of it.
+	Namespace string
 	// SweepInterval is how often the registry is compared with the Students; 0 turns the
 	// periodic sweep off.
 	SweepInterval time.Duration

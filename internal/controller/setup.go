@@ -64,7 +64,9 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 	}
 	w := &Wiring{KubeClient: kubeClient, factory: NewInformerFactory(studentClient, opts.Namespace, opts.ResyncPeriod)}
 	w.broadcaster, w.Recorder = NewEventRecorder(ctx, kubeClient.CoreV1())
-	w.Controller, err = New(ctx, studentClient, w.factory.Bolingcavalry().V1().Students(), reg, w.Recorder, opts.Config)
+	config := opts.Config
+	config.Namespace = opts.Namespace // the sweep's scope is the watch's
+	w.Controller, err = New(ctx, studentClient, w.factory.Bolingcavalry().V1().Students(), reg, w.Recorder, config)
 	if err != nil {
 		w.broadcaster.Shutdown()
 		return nil, err

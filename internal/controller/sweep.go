@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -96,6 +97,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
 	}
 	c.reportMalformed(logger, malformed)
+	rows = c.inScope(rows)
 	students, err := c.lister.List(labels.Everything())
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
@@ -169,6 +171,17 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		return result, fmt.Errorf("sweep: %w", errors.Join(errs...))
 	}
 	return result, nil
+}
+
+// inScope keeps the rows of the Students this controller watches: with
+// Config.Namespace, those of that namespace. A row outside the scope belongs to
+// whichever controller watches its namespace; its Student is not in this cache, and
+// taking it for an orphan would let go of a row that is not this controller's to judge.
+func (c *Controller) inScope(rows []registry.Record) []registry.Record {
+	if c.cfg.Namespace == "" {
+		return rows
+	}
+	return slices.DeleteFunc(rows, func(r registry.Record) bool { return r.Namespace != c.cfg.Namespace })
 }
 
 // sweepBound is the most orphan rows one sweep lets go of, out of the rows the owner

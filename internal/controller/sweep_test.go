@@ -87,6 +87,7 @@ func TestSweep(t *testing.T) {
 		wantQueued  []string
 		wantEvents  []string
 		eventTarget *corev1.ObjectReference
+		namespace   string // Config.Namespace: the one namespace the controller watches
 	}{
 		"orphan deleted, foreign row kept, missing row queued": {
 			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
@@ -149,6 +150,14 @@ func TestSweep(t *testing.T) {
 			wantResult: SweepResult{Rows: 3, Orphans: 1, Released: 1},
 			wantRows:   []string{"uid-a", "uid-b", "uid-kept"},
 		},
+		"a namespaced controller: a row of another namespace is outside its scope, never an orphan": {
+			namespace: "school",
+			students:  []*studentv1.Student{newStudent("a"), newStudent("b")},
+			rows: []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b")),
+				recordOf(owner, newStudent("elsewhere", func(s *studentv1.Student) { s.Namespace = "other" }))},
+			wantResult: SweepResult{Rows: 2},
+			wantRows:   []string{"uid-a", "uid-b", "uid-elsewhere"},
+		},
 		"a row written before policies were recorded is released": {
 			students:   []*studentv1.Student{newStudent("a"), newStudent("b")},
 			rows:       []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b")), unknownPolicy(recordOf(owner, newStudent("old")))},
@@ -165,6 +174,7 @@ func TestSweep(t *testing.T) {
 				}
 			}
 			f.ctrl.cfg.SweepEventTarget = tc.eventTarget
+			f.ctrl.cfg.Namespace = tc.namespace
 			f.put(tc.rows...)
 			got, err := f.ctrl.Sweep(f.ctx)
 			if err != nil {

@@ -281,8 +281,8 @@ func testDeletePolicies(t *testing.T, b registrytest.Backend) {
 }
 
 // TestSweepRepairsDrift: rows changed, deleted or left behind by others are put right by
-// the sweep (resync is off, so nothing else would), and another owner's rows are not
-// touched.
+// the sweep (resync is off, so nothing else would), and another owner's rows, and the
+// owner's rows of a namespace the controller does not watch, are not touched.
 func TestSweepRepairsDrift(t *testing.T) { registrytest.ForEach(t, pg, testSweepRepairsDrift) }
 
 func testSweepRepairsDrift(t *testing.T, b registrytest.Backend) {
@@ -310,6 +310,9 @@ func testSweepRepairsDrift(t *testing.T, b registrytest.Backend) {
 			VALUES ('orphan-uid', $1, 'ghost', 'Ghost', 'Nowhere', $2, 1, $3, $4, 'Delete')`, []any{ns, owner, now, now}},
 		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at)
 			VALUES ('foreign-uid', $1, 'theirs', 'Theirs', 'Elsewhere', 'another-controller', 1, $2, $3)`, []any{ns, now, now}},
+		// An owned row of a namespace this controller does not watch: outside its scope.
+		{`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
+			VALUES ('out-of-scope-uid', $1, 'elsewhere', 'Elsewhere', 'Nowhere', $2, 1, $3, $4, 'Delete')`, []any{ns + "-unwatched", owner, now, now}},
 	} {
 		if _, err := db.Exec(stmt.query, stmt.args...); err != nil {
 			t.Fatal(err)
@@ -321,8 +324,15 @@ func testSweepRepairsDrift(t *testing.T, b registrytest.Backend) {
 		_, orphan := rows["orphan-uid"]
 		return rows[string(byName["d-000"].UID)].UID != "" && rows[string(byName["d-001"].UID)].School == "深圳中学" && !orphan, nil
 	})
-	assertRowsMatch(t, db, waitAllReady(t, ns, 3, 10*time.Second))
 	time.Sleep(time.Second) // two more sweeps
+	if _, ok := rowsOf(t, db)["out-of-scope-uid"]; !ok {
+		t.Error("the sweep of a controller that watches one namespace let go of an owned row of another")
+	}
+	// The rest of the owner's rows are exactly the Students'.
+	if _, err := db.Exec(`DELETE FROM students WHERE uid = 'out-of-scope-uid'`); err != nil {
+		t.Fatal(err)
+	}
+	assertRowsMatch(t, db, waitAllReady(t, ns, 3, 10*time.Second))
 	foreign := rowsOf(t, db)["foreign-uid"]
 	if want := (registry.Record{UID: "foreign-uid", Namespace: ns, Name: "theirs", StudentName: "Theirs", School: "Elsewhere", Owner: "another-controller", Generation: 1}); foreign != want {
 		t.Errorf("another owner's row changed: %+v", foreign)
