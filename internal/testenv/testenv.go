@@ -95,6 +95,26 @@ func Scrape(addr string, timeout time.Duration) (string, error) {
 	return string(body), err
 }
 
+// ScrapeAs GETs url with client and token as the bearer ("" for none), as Prometheus
+// scrapes a secured /metrics; it returns the status (0 when the request failed) and the
+// body (the error's text then).
+func ScrapeAs(client *http.Client, url, token string) (int, string) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
 // MetricSum adds the samples of metric name in Prometheus text whose labels (the text
 // between the braces) keep accepts; all of them when keep is nil.
 func MetricSum(body, name string, keep func(labels string) bool) float64 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -138,17 +137,7 @@ func TestSecureMetrics(t *testing.T) {
 	// The certificate is self-signed; what is tested here is who may read.
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: 10 * time.Second}
 	scrape := func(token string) (int, string) {
-		req, _ := http.NewRequest(http.MethodGet, "https://"+p.MetricsAddr+"/metrics", nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		return testenv.ScrapeAs(client, "https://"+p.MetricsAddr+"/metrics", token)
 	}
 	waitFor(t, 30*time.Second, "the metrics server", func() bool {
 		code, _ := scrape("")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os/exec"
@@ -127,24 +126,11 @@ func scrape(t *testing.T, token string) (int, string) {
 		t.Fatal(err)
 	}
 	url := fmt.Sprintf("https://%s/metrics", net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(svc.Spec.Ports[0].Port)))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
 	// The controller's certificate is its own, self-made: Prometheus would be given
 	// insecure_skip_verify or a CA, as docs/operating.md says.
 	client := &http.Client{Timeout: 10 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // #nosec G402 -- the controller's self-made certificate
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	return testenv.ScrapeAs(client, url, token)
 }
 
 // waitSweptClean waits until the controller (one Pod behind the Service) reports a
