@@ -90,8 +90,12 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 	hack/install-tools.sh helm
 
 .PHONY: test
+# The suites that run longest, named first: go test compiles and starts packages in the
+# order given, so the others compile while these wait on their control planes.
+LONG_SUITES := ./test/e2e ./test/chaos ./test/local
+
 test: node helm ## Run every test: unit, integration against the real control plane, the node suite (root), codegen checks.
-	go test -race -timeout 30m $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/node)
+	go test -race -timeout 30m $(GO_TEST_FLAGS) $(LONG_SUITES) $$(go list ./... | grep -v -e /test/node -e /test/e2e -e /test/chaos -e /test/local)
 	@# The node suite on its own: its kubelet, control plane and timed handovers would
 	@# share the 2 cores with every other package's control planes otherwise.
 	go test -race -timeout 30m $(GO_TEST_FLAGS) ./test/node

@@ -128,6 +128,9 @@ func (n *Node) reserve(dir string) error {
 		return fmt.Errorf("this machine runs parts of another Kubernetes node, or a node left them without a record; "+
 			"nothing was touched:\n  %s", strings.Join(left, "\n  "))
 	}
+	if err := checkAddresses(); err != nil {
+		return err
+	}
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "student-node-"); err != nil {
 			return err
@@ -262,7 +265,13 @@ func checkMachine(root string) error {
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		return errors.New("this machine has cgroup v2 alone; the node runs on cgroup v1 (its kubelet's cgroupfs driver, no systemd), as on the machines it is tested on")
 	}
-	// The node's addresses must be its own.
+	return nil
+}
+
+// checkAddresses says whether an address of this machine is in the node's Pod range.
+// New asks after it has put back what a killed node left: the bridge of that node
+// carries the node's own address.
+func checkAddresses() error {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return err
@@ -270,7 +279,7 @@ func checkMachine(root string) error {
 	_, pods, _ := net.ParseCIDR(PodCIDR)
 	for _, a := range addrs {
 		if ipnet, ok := a.(*net.IPNet); ok && pods.Contains(ipnet.IP) {
-			return fmt.Errorf("this machine already has the address %s, in the node's Pod range %s", ipnet, PodCIDR)
+			return fmt.Errorf("this machine already has the address %s, in the node's Pod range %s; nothing was touched", ipnet, PodCIDR)
 		}
 	}
 	return nil
