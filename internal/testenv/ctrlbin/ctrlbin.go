@@ -60,7 +60,12 @@ func (b Build) Run(ctx context.Context) (path string, err error) {
 	}
 	args := []string{"build", "-o", out}
 	if b.Race {
+		// As go test -race compiles the test binaries: they share every package.
 		args = append(args, "-race")
+	} else {
+		// As go vet (make verify), make build and make image compile: they share
+		// every package.
+		args = append(args, "-trimpath")
 	}
 	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...) // #nosec G204 -- go build of this repository's packages
 	cmd.Dir = root
