@@ -38,6 +38,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "registry" {
 		os.Exit(registryCommand(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "plan" {
+		os.Exit(planCommand(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
+	}
 	var opts options
 	opts.addCommandFlags(flag.CommandLine)
 	logging := addLoggingFlags(flag.CommandLine)

@@ -32,6 +32,7 @@ type options struct {
 	syncTimeout             time.Duration
 	shutdownTimeout         time.Duration
 	rateLimiter             string
+	dryRun                  bool
 
 	leaderElect          bool
 	leaderElectNamespace string
@@ -88,6 +89,10 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 45*time.Second,
 		"On SIGTERM, exit after at most this long even if work is still in flight. Keep it below the Pod's terminationGracePeriodSeconds.")
 
+	fs.BoolVar(&o.dryRun, "dry-run", false,
+		"Write nothing: no rows, finalizers, status, Events or Lease. Log what the controller would do (as student-controller plan lists it), "+
+			"whenever the Students change and every --sweep-interval (every minute when 0), and count it in student_controller_dry_run_planned_actions. "+
+			"The registry is opened read-only and must have been migrated by this controller's version; --leader-elect is ignored.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false,
 		"Run only while holding a coordination.k8s.io Lease, so that one of several replicas works at a time.")
 	fs.StringVar(&o.leaderElectNamespace, "leader-elect-namespace", "",

@@ -47,6 +47,77 @@ func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Inter
 	return reg, cluster, err
 }
 
+// openReadOnly opens the registry for what only reads (--dry-run, plan): read-only,
+// neither migrated nor bound, and refused when it binds the owner to another cluster
+// than kubeClient reaches. A registry with no schema yet holds no rows (noSchema). It
+// tries once; the caller retries.
+func openReadOnly(ctx context.Context, opts options, kubeClient kubernetes.Interface) (rows readOnlyRegistry, cluster string, closeRegistry func() error, err error) {
+	if err := registry.CheckURL(opts.registryURL); err != nil {
+		return nil, "", nil, err
+	}
+	if cluster, err = clusterID(ctx, kubeClient); err != nil {
+		return nil, "", nil, err
+	}
+	r, err := registry.Open(ctx, opts.registryURL, registry.Options{ReadOnly: true, Password: opts.registryPassword(), MaxOpenConns: opts.maxOpenConns})
+	if errors.Is(err, registry.ErrNoSchema) {
+		return noSchema{display: displayURL(opts.registryURL)}, cluster, func() error { return nil }, nil
+	}
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if err := checkBinding(ctx, r, opts.owner, cluster); err != nil {
+		return nil, "", nil, errors.Join(err, r.Close())
+	}
+	return r, cluster, r.Close, nil
+}
+
+// readOnlyRegistry is what a plan reads of the registry.
+type readOnlyRegistry interface {
+	Get(ctx context.Context, uid string) (registry.Record, error)
+	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	String() string
+}
+
+// noSchema is a registry without a schema yet (a new database, a SQLite file not yet
+// made): it holds no rows, and the controller makes the schema when it first starts.
+type noSchema struct{ display string }
+
+func (noSchema) Get(context.Context, string) (registry.Record, error) {
+	return registry.Record{}, registry.ErrNotFound
+}
+
+func (noSchema) List(context.Context, string) ([]registry.Record, []registry.MalformedRow, error) {
+	return nil, nil, nil
+}
+
+func (n noSchema) String() string { return n.display + " (no schema yet)" }
+
+// displayURL is a registry URL as logs show it: without its password.
+func displayURL(rawURL string) string {
+	if u, err := registry.Display(rawURL); err == nil {
+		return u
+	}
+	return "(the registry)"
+}
+
+// checkBinding refuses, as the controller's start would, a registry that binds owner
+// to another cluster than cluster; an owner bound to none yet is bound when the
+// controller first starts. It only reads.
+func checkBinding(ctx context.Context, reg *registry.Registry, owner, cluster string) error {
+	b, err := reg.BindingOf(ctx, owner)
+	switch {
+	case errors.Is(err, registry.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case b.Cluster != cluster:
+		return fmt.Errorf("%w: owner %q is bound to cluster %s since %s, and --kubeconfig reaches cluster %s: "+
+			"the controller would refuse to start and write nothing. Check --kubeconfig and --registry",
+			registry.ErrOtherCluster, owner, b.Cluster, b.BoundAt.Format(time.RFC3339), cluster)
+	}
+	return nil
+}
+
 // retry calls attempt until it succeeds, fails for good (permanent, when given), or ctx
 // ends, which is no error; between tries it logs what with the failure and waits, from
 // 1 s doubling to 30 s.

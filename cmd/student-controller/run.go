@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/registry"
 )
 
 // run builds every dependency, serves probes and metrics, and runs the controller
@@ -47,7 +49,7 @@ func run(ctx context.Context, opts options) error {
 	// Probes first: while the registry is out of reach the Pod is alive and not ready,
 	// rather than a crash loop.
 	var watchdog *leaderelection.HealthzAdaptor
-	if opts.leaderElect {
+	if opts.leaderElect && !opts.dryRun {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
 	var running atomic.Pointer[controller.Controller]
@@ -59,12 +61,12 @@ func run(ctx context.Context, opts options) error {
 		}
 	}
 
-	reg, cluster, err := openRegistry(ctx, opts, kubeClient)
+	reg, writable, cluster, closeRegistry, err := open(ctx, opts, kubeClient)
 	if err != nil || reg == nil {
 		return err // nil: stopped before the registry answered
 	}
-	defer reg.Close()
-	logger.Info("Registry open", "registry", reg.String(), "owner", opts.owner)
+	defer closeRegistry()
+	logger.Info("Registry open", "registry", reg.String(), "owner", opts.owner, "readOnly", opts.dryRun)
 
 	// controller-runtime's registry already carries client-go's REST client and leader
 	// election metrics; the process's, the Go runtime's, the workqueue's and the
@@ -77,8 +79,13 @@ func run(ctx context.Context, opts options) error {
 	if opts.rateLimiter == "client-go" {
 		rateLimiter = workqueue.DefaultTypedControllerRateLimiter[string]()
 	}
-	// With leader election the gate is the elector's; without, it always says yes.
+	// With leader election the gate is the elector's; without, it always says yes; in a
+	// dry run, always no.
 	gate := &leaseGate{}
+	leading := gate.check
+	if opts.dryRun {
+		leading = func() error { return errDryRun }
+	}
 	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
 		Namespace:    opts.namespace,
 		ResyncPeriod: opts.resyncPeriod,
@@ -93,7 +100,7 @@ func run(ctx context.Context, opts options) error {
 			RateLimiter:             rateLimiter,
 			SweepEventTarget:        podReference(),
 			Metrics:                 metrics,
-			Leading:                 gate.check,
+			Leading:                 leading,
 		},
 	})
 	if err != nil {
@@ -120,11 +127,17 @@ func run(ctx context.Context, opts options) error {
 	informersCtx, stopInformers := context.WithCancel(ctx)
 	defer stopInformers()
 	wiring.Start(informersCtx)
+	if opts.dryRun {
+		if opts.leaderElect {
+			logger.Info("Dry run: --leader-elect is ignored; taking the Lease would be a write")
+		}
+		return ctrl.RunDryRun(ctx, cmp.Or(opts.sweepInterval, time.Minute))
+	}
 
 	// Writing starts with the owner's write fence: from then on a former writer's late
 	// write (a paused leader's, one that waited on a lock) is rolled back.
 	work := func(ctx context.Context) error {
-		if !takeFence(ctx, reg, opts.owner) {
+		if !takeFence(ctx, writable, opts.owner) {
 			return nil
 		}
 		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
@@ -163,4 +176,38 @@ func podReference() *corev1.ObjectReference {
 	return &corev1.ObjectReference{
 		APIVersion: "v1", Kind: "Pod", Namespace: namespace, Name: name, UID: types.UID(os.Getenv("POD_UID")),
 	}
+}
+
+// open opens the registry: to write (writable), migrated and bound to this cluster, or
+// read-only for --dry-run (a dryRunRegistry; writable nil), and what closes it. A nil
+// registry and no error when ctx ends first.
+func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (reg interface {
+	controller.Registry
+	String() string
+}, writable *registry.Registry, cluster string, closeRegistry func() error, err error) {
+	if !opts.dryRun {
+		r, cluster, err := openRegistry(ctx, opts, kubeClient)
+		if err != nil || r == nil {
+			return nil, nil, "", nil, err
+		}
+		return r, r, cluster, r.Close, nil
+	}
+	if err := registry.CheckURL(opts.registryURL); err != nil {
+		return nil, nil, "", nil, err
+	}
+	// A registry that no controller has migrated yet (none, or an older schema) is
+	// waited for: a dry run beside a controller that starts too.
+	var rows readOnlyRegistry
+	err = retry(ctx, "Registry or cluster identity not available yet, or the registry not yet migrated by a controller of this version; "+
+		"the Pod stays not ready and retries", permanent, func() (err error) {
+		rows, cluster, closeRegistry, err = openReadOnly(ctx, opts, kubeClient)
+		if _, none := rows.(noSchema); none && err == nil {
+			return registry.ErrNoSchema
+		}
+		return err
+	})
+	if err != nil || rows == nil {
+		return nil, nil, "", nil, err
+	}
+	return dryRunRegistry{rows}, nil, cluster, closeRegistry, nil
 }

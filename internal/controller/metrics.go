@@ -25,6 +25,7 @@ type Metrics struct {
 	notReady          prometheus.Gauge
 	paused            prometheus.GaugeFunc
 	pausedOldest      prometheus.GaugeFunc
+	plannedActions    *prometheus.GaugeVec
 
 	// notReadyKeys are the Students whose last sync left them not Ready: only those,
 	// so that the set costs nothing while all is well. pausedSince are the paused
@@ -86,6 +87,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "student_controller_students_not_ready",
 			Help: "Students whose last sync left them not Ready (invalid spec, registry error, row owned elsewhere); deleted Students are not counted.",
 		}),
+		plannedActions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "student_controller_dry_run_planned_actions",
+			Help: "With --dry-run: what the last plan lists, by action (create, update, restore, delete, release, finalize, refuse), as student-controller plan does; nothing is done.",
+		}, []string{"action"}),
 		notReadyKeys: map[string]struct{}{},
 		pausedSince:  map[string]time.Time{},
 	}
@@ -104,7 +109,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	})
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
-			m.sweepDeleted, m.malformedRows, m.notReady, m.paused, m.pausedOldest)
+			m.sweepDeleted, m.malformedRows, m.notReady, m.paused, m.pausedOldest, m.plannedActions)
 	}
 	return m
 }
@@ -169,6 +174,20 @@ func (m *Metrics) observeUnpaused(key string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.pausedSince, key)
+}
+
+// observePlan records a dry run's plan: the count of each action, 0 included.
+func (m *Metrics) observePlan(p Plan) {
+	if m == nil {
+		return
+	}
+	counts := map[string]int{}
+	for _, a := range p.Actions {
+		counts[a.Action]++
+	}
+	for _, action := range []string{PlanCreate, PlanUpdate, PlanRestore, PlanDelete, PlanRelease, PlanFinalize, PlanRefuse} {
+		m.plannedActions.WithLabelValues(action).Set(float64(counts[action]))
+	}
 }
 
 // Actions on registry rows, the label of the rows-written metric.

@@ -178,16 +178,27 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 // whichever controller watches its namespace; its Student is not in this cache, and
 // taking it for an orphan would let go of a row that is not this controller's to judge.
 func (c *Controller) inScope(rows []registry.Record) []registry.Record {
-	if c.cfg.Namespace == "" {
+	return rowsOf(c.cfg.Namespace, rows)
+}
+
+// rowsOf keeps the rows of namespace, or all when it is empty.
+func rowsOf(namespace string, rows []registry.Record) []registry.Record {
+	if namespace == "" {
 		return rows
 	}
-	return slices.DeleteFunc(rows, func(r registry.Record) bool { return r.Namespace != c.cfg.Namespace })
+	return slices.DeleteFunc(rows, func(r registry.Record) bool { return r.Namespace != namespace })
 }
 
 // sweepBound is the most orphan rows one sweep lets go of, out of the rows the owner
 // holds: SweepMaxDeletions, and SweepMaxDeletionPercent of them (at least one).
 func (c *Controller) sweepBound(rows int) int {
-	return min(c.cfg.SweepMaxDeletions, max(1, rows*c.cfg.SweepMaxDeletionPercent/100))
+	return sweepBound(c.cfg.SweepMaxDeletions, c.cfg.SweepMaxDeletionPercent, rows)
+}
+
+// sweepBound is the bound of a sweep of rows rows: most, and percent of them (at
+// least one).
+func sweepBound(most, percent, rows int) int {
+	return min(most, max(1, rows*percent/100))
 }
 
 // studentExists asks the API server whether the Student of a row exists: by the

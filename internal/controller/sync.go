@@ -144,11 +144,11 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		}
 		row.DeletionPolicy = want.DeletionPolicy
 	}
-	if exists && !malformed && sameRow(row, want) {
+	why, write := rowWrite(row, want, exists, malformed, wasWritten(s))
+	if !write {
 		return row, "", nil
 	}
-
-	if !exists && wasWritten(s) {
+	if why.Action == rowRestored {
 		// The row went missing after it was written. Drift, or this cache is behind
 		// the API server: a replica that has just taken the lead with a watch that
 		// was cut may still hold a Student the previous leader finalized, its row
@@ -156,16 +156,6 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		if current, err := c.confirmCurrent(ctx, s); !current {
 			return row, "", cmp.Or(err, errStudentGone)
 		}
-	}
-	why := registry.Why{Action: rowCreated, Cause: registry.CauseNewStudent}
-	switch {
-	case exists && !malformed && row.Generation != want.Generation:
-		why = registry.Why{Action: rowUpdated, Cause: registry.CauseSpecChange}
-	case exists:
-		why = registry.Why{Action: rowUpdated, Cause: registry.CauseDrift}
-	case wasWritten(s):
-		// Status says a row was written before: it went missing.
-		why = registry.Why{Action: rowRestored, Cause: registry.CauseRestore}
 	}
 	row, err = c.write.upsert(ctx, want, why)
 	switch {
@@ -181,6 +171,26 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 	c.cfg.Metrics.observeRow(why.Action)
 	klog.FromContext(ctx).V(2).Info("Wrote registry row", "action", why.Action, "cause", why.Cause, "generation", row.Generation)
 	return row, why.Action, nil
+}
+
+// rowWrite says what ensureRow writes for a Student whose row should be want, when
+// the registry holds row (found says whether it holds one, malformed that it cannot
+// be read) and written says the Student's status reports a row written before: an
+// upsert and why, or nothing (false). plan decides with it too. A row of another
+// owner is not its to judge.
+func rowWrite(row, want registry.Record, found, malformed, written bool) (registry.Why, bool) {
+	switch {
+	case found && !malformed && sameRow(row, want):
+		return registry.Why{}, false
+	case found && !malformed && row.Generation != want.Generation:
+		return registry.Why{Action: rowUpdated, Cause: registry.CauseSpecChange}, true
+	case found:
+		return registry.Why{Action: rowUpdated, Cause: registry.CauseDrift}, true
+	case written:
+		// Status says a row was written before: it went missing.
+		return registry.Why{Action: rowRestored, Cause: registry.CauseRestore}, true
+	}
+	return registry.Why{Action: rowCreated, Cause: registry.CauseNewStudent}, true
 }
 
 // report writes the Student's status from its row, and an Event when the row was

@@ -37,6 +37,12 @@ func (r *Registry) Bind(ctx context.Context, owner, cluster string) (Binding, er
 	return b, nil
 }
 
+// BindingOf returns the cluster owner is bound to: ErrNotFound when it is bound to
+// none yet. It only reads.
+func (r *Registry) BindingOf(ctx context.Context, owner string) (Binding, error) {
+	return r.binding(ctx, owner)
+}
+
 func (r *Registry) binding(ctx context.Context, owner string) (Binding, error) {
 	b := Binding{Owner: owner}
 	err := r.db.QueryRowContext(ctx, `SELECT cluster, bound_at FROM owner_clusters WHERE owner = $1`, owner).Scan(&b.Cluster, &b.BoundAt)

@@ -19,25 +19,30 @@ type dialect struct {
 	// one written, that holds when the write may go ahead: the stored generation is not
 	// newer, or cannot be read (a row written past the schema, which the write repairs).
 	notNewer string
+	// tableExists is a query, with $1 for a table's name, whose one row says whether
+	// the table exists.
+	tableExists string
 }
 
 var sqlite = &dialect{
-	name:       "sqlite",
-	driver:     "sqlite",
-	migrations: "migrations/sqlite",
-	timestamp:  "TIMESTAMP",
-	validTime:  "%[1]s = datetime(%[1]s)",
-	notNewer:   "(typeof(%[1]s) <> 'integer' OR %[1]s <= %[2]s)",
+	name:        "sqlite",
+	driver:      "sqlite",
+	migrations:  "migrations/sqlite",
+	timestamp:   "TIMESTAMP",
+	validTime:   "%[1]s = datetime(%[1]s)",
+	notNewer:    "(typeof(%[1]s) <> 'integer' OR %[1]s <= %[2]s)",
+	tableExists: "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = $1",
 	// SQLite takes the file's write lock at BEGIN (the DSN's _txlock=immediate).
 }
 
 var postgres = &dialect{
-	name:       "postgres",
-	driver:     "pgx",
-	migrations: "migrations/postgres",
-	timestamp:  "TIMESTAMPTZ",
-	validTime:  "isfinite(%[1]s)",
-	notNewer:   "%[1]s <= %[2]s", // BIGINT NOT NULL: always readable
+	name:        "postgres",
+	driver:      "pgx",
+	migrations:  "migrations/postgres",
+	timestamp:   "TIMESTAMPTZ",
+	validTime:   "isfinite(%[1]s)",
+	notNewer:    "%[1]s <= %[2]s", // BIGINT NOT NULL: always readable
+	tableExists: "SELECT to_regclass($1) IS NOT NULL",
 	// A transaction-scoped advisory lock (the key spells "stud"): replicas that start
 	// at once migrate one after the other, and the later finds nothing left to do.
 	lockMigrations: "SELECT pg_advisory_xact_lock(1937011044)",

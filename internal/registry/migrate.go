@@ -140,3 +140,38 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time, lockTim
 	}
 	return nil
 }
+
+// checkSchema tells whether the schema is the one migrate brings the database to, for
+// a registry opened read-only: ErrNoSchema when it has none, an error saying which
+// versions when it is older or newer.
+func checkSchema(ctx context.Context, db *sql.DB, d *dialect) error {
+	migrations, err := loadMigrations(d)
+	if err != nil {
+		return err
+	}
+	latest := 0
+	for _, m := range migrations {
+		latest = max(latest, m.version)
+	}
+	var exists bool
+	if err := db.QueryRowContext(ctx, d.tableExists, "schema_migrations").Scan(&exists); err != nil {
+		return fmt.Errorf("read the schema's version: %w", err)
+	}
+	if !exists {
+		return ErrNoSchema
+	}
+	var version sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&version); err != nil {
+		return fmt.Errorf("read the schema's version: %w", err)
+	}
+	switch v := int(version.Int64); {
+	case !version.Valid:
+		return ErrNoSchema
+	case v > latest:
+		return fmt.Errorf("the registry's schema is at version %d, newer than this controller knows (%d): run a newer controller: %w", v, latest, ErrSchemaNewer)
+	case v < latest:
+		return fmt.Errorf("the registry's schema is at version %d, older than this controller's (%d), which migrates it when it starts; "+
+			"what only reads (plan, --dry-run) reads a registry this controller's version has migrated: %w", v, latest, ErrSchemaOlder)
+	}
+	return nil
+}

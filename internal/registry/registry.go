@@ -35,6 +35,13 @@ var (
 	ErrOtherCluster = errors.New("the registry owner belongs to another cluster")
 	// ErrSchemaNewer: the registry's schema is newer than this program knows.
 	ErrSchemaNewer = errors.New("registry schema newer than this controller")
+	// ErrSchemaOlder: a registry opened read-only has a schema older than this
+	// program's, which only a writing controller migrates.
+	ErrSchemaOlder = errors.New("registry schema older than this controller")
+	// ErrNoSchema: a registry opened read-only has no schema yet (a new database, or
+	// a SQLite file not yet made): it holds no rows, and the controller makes the
+	// schema when it first starts.
+	ErrNoSchema = errors.New("the registry has no schema yet")
 	// ErrFenced: another controller of the same owner took the owner's write fence
 	// after this one (a new leader); the write was rolled back.
 	ErrFenced = errors.New("another controller took over this owner's writes")
@@ -92,6 +99,11 @@ type Options struct {
 	// Actor names the writer in the history rows it writes (the controller's Pod, or
 	// its host); the host name when empty.
 	Actor string
+	// ReadOnly opens connections that cannot write (a SQLite file opened read-only, a
+	// PostgreSQL session whose transactions are READ ONLY), does not migrate, and
+	// requires the schema this program migrates to: ErrNoSchema when there is none yet
+	// (a missing SQLite file is not made). For what only reads: plan, --dry-run.
+	ReadOnly bool
 }
 
 // MalformedRow is an owned row that List could not read and left out.
@@ -177,6 +189,14 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	if !slices.Contains(sql.Drivers(), src.dialect.driver) {
 		return nil, fmt.Errorf("open registry %s: database/sql driver %q is not registered in this program", src.display, src.dialect.driver)
 	}
+	if opts.ReadOnly {
+		if src.dialect == sqlite {
+			if _, err := os.Stat(src.path); errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("open registry %s: %w (the file does not exist)", src.display, ErrNoSchema)
+			}
+		}
+		src = src.readOnly()
+	}
 	db, err := openDB(src, opts.Password)
 	if err != nil {
 		return nil, fmt.Errorf("open registry %s: %w", src.display, err)
@@ -195,7 +215,11 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	if err := ping(ctx, db, src.dialect); err != nil {
 		return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
 	}
-	if err := migrate(ctx, db, src.dialect, r.now(), cmp.Or(opts.MigrationLockTimeout, 10*time.Second)); err != nil {
+	if opts.ReadOnly {
+		if err := checkSchema(ctx, db, src.dialect); err != nil {
+			return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
+		}
+	} else if err := migrate(ctx, db, src.dialect, r.now(), cmp.Or(opts.MigrationLockTimeout, 10*time.Second)); err != nil {
 		return nil, errors.Join(fmt.Errorf("migrate registry %s: %w", src.display, err), db.Close())
 	}
 	for _, p := range []struct {

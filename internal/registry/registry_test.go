@@ -654,6 +654,82 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 	})
 
+	t.Run("a registry opened read-only reads, and writes nothing", func(t *testing.T) {
+		url, db := b.New(t)
+		readOnly := func() (*registry.Registry, error) {
+			return registry.Open(ctx, url, registry.Options{ReadOnly: true})
+		}
+		if r, err := readOnly(); !errors.Is(err, registry.ErrNoSchema) {
+			if r != nil {
+				r.Close()
+			}
+			t.Fatalf("read-only Open of a new registry: %v, want ErrNoSchema", err)
+		}
+		var tables int
+		if err := db.QueryRow(map[string]string{
+			"sqlite":   `SELECT count(*) FROM sqlite_master WHERE type = 'table'`,
+			"postgres": `SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()`,
+		}[b.Name]).Scan(&tables); err != nil || tables != 0 {
+			t.Errorf("tables after a read-only Open of a new registry: %d, %v; want none", tables, err)
+		}
+
+		w := open(t, url, newFakeClock())
+		if _, err := w.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: registry.CauseNewStudent}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Bind(ctx, "ctl", "cluster-a"); err != nil {
+			t.Fatal(err)
+		}
+		r, err := readOnly()
+		if err != nil {
+			t.Fatalf("read-only Open: %v", err)
+		}
+		defer r.Close()
+		if row, err := r.Get(ctx, "u1"); err != nil || row.Owner != "ctl" {
+			t.Errorf("Get: %+v, %v", row, err)
+		}
+		if rows, _, err := r.List(ctx, "ctl"); err != nil || len(rows) != 1 {
+			t.Errorf("List: %d rows, %v; want 1", len(rows), err)
+		}
+		if b, err := r.BindingOf(ctx, "ctl"); err != nil || b.Cluster != "cluster-a" {
+			t.Errorf("BindingOf: %+v, %v", b, err)
+		}
+		changed := student("u1", "ctl")
+		changed.School, changed.Generation = "another school", 2
+		if _, err := r.Upsert(ctx, changed, registry.Why{Cause: registry.CauseSpecChange}); err == nil {
+			t.Error("Upsert through a read-only registry succeeded")
+		}
+		if _, err := r.Delete(ctx, "u1", "ctl", registry.CauseFinalizer); err == nil {
+			t.Error("Delete through a read-only registry succeeded")
+		}
+		if _, err := r.Bind(ctx, "other", "cluster-b"); err == nil {
+			t.Error("Bind through a read-only registry succeeded")
+		}
+		var school string
+		var history int
+		if err := db.QueryRow(`SELECT school FROM students WHERE uid = 'u1'`).Scan(&school); err != nil || school != "深圳中学" {
+			t.Errorf("the row after writes through a read-only registry: school %q, %v", school, err)
+		}
+		if err := db.QueryRow(`SELECT count(*) FROM student_history`).Scan(&history); err != nil || history != 1 {
+			t.Errorf("history rows: %d, %v; want the one of the writable registry", history, err)
+		}
+
+		// A schema older than this program's is not migrated by what only reads.
+		var latest int
+		if err := db.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&latest); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(`DELETE FROM schema_migrations WHERE version = $1`, latest); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := readOnly(); err == nil || !strings.Contains(err.Error(), "older than this controller's") {
+			if r != nil {
+				r.Close()
+			}
+			t.Errorf("read-only Open of an older schema: %v, want it refused", err)
+		}
+	})
+
 	t.Run("the history is pruned in batches, the newer rows kept", func(t *testing.T) {
 		url, db := b.New(t)
 		r := open(t, url, newFakeClock())

@@ -17,6 +17,14 @@ type source struct {
 	display string // for logs and errors: never holds a password
 	// withPassword is dsn with another password, for PostgreSQL.
 	withPassword func(password string) string
+	// path is the SQLite file.
+	path string
+}
+
+// Display is how a registry URL is shown: never with its password.
+func Display(rawURL string) (string, error) {
+	src, err := parseURL(rawURL)
+	return src.display, err
 }
 
 // CheckURL reports what is wrong with a registry URL, without connecting; nil when
@@ -75,7 +83,48 @@ func parseSQLite(raw string) (source, error) {
 	if err != nil {
 		return source{}, fmt.Errorf("registry URL %q: %w", redact(raw), err)
 	}
-	return source{dialect: sqlite, dsn: sqliteDSN(abs), display: "sqlite://" + abs}, nil
+	return source{dialect: sqlite, dsn: sqliteDSN(abs), display: "sqlite://" + abs, path: abs}, nil
+}
+
+// readOnly makes src open connections that cannot write: SQLite opens the file
+// read-only (mode=ro) and refuses writes (query_only), and leaves its journal mode
+// alone (a WAL file's -shm and -wal are made when missing, as for any reader);
+// PostgreSQL starts every transaction READ ONLY, on the primary.
+func (src source) readOnly() source {
+	switch src.dialect {
+	case sqlite:
+		q := url.Values{}
+		q.Set("mode", "ro")
+		q.Set("_time_format", "datetime")
+		q.Set("_timezone", "UTC")
+		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeout.Milliseconds()))
+		q.Add("_pragma", "query_only(1)")
+		src.dsn = "file:" + src.path + "?" + q.Encode()
+	case postgres:
+		// pgx tells read-write by asking transaction_read_only, which is now on in
+		// every session: the primary is the server not in recovery.
+		readOnly := func(dsn string) string {
+			return withParams(dsn, "default_transaction_read_only", "on", "target_session_attrs", "primary")
+		}
+		src.dsn = readOnly(src.dsn)
+		withPassword := src.withPassword
+		src.withPassword = func(password string) string { return readOnly(withPassword(password)) }
+	}
+	return src
+}
+
+// withParams sets query parameters (key, value, ...) of a URL that parsePostgres made.
+func withParams(raw string, kv ...string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw // parsePostgres parsed it; it parses
+	}
+	q := u.Query()
+	for i := 0; i+1 < len(kv); i += 2 {
+		q.Set(kv[i], kv[i+1])
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // sqliteBusyTimeout is how long a SQLite statement waits for another connection's lock.

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/student-controller/student-controller/internal/controller"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+)
+
+const planUsage = `Usage:
+  student-controller plan [-o table|json] [the controller's flags]
+
+plan lists what the controller, started with the same flags, would do now: the rows it
+would create, update, restore, delete or release, the Students whose finalizer alone
+would come off, the Students it would refuse and why, and whether its sweep's guard
+would refuse to let go of the rows whose Students are gone. It writes nothing anywhere:
+the registry is opened read-only and the API server is only read.
+
+Exit status: 0 when nothing would change, 2 when something would, 1 on an error
+(bad flags, a registry or API server out of reach, the owner bound to another cluster).
+`
+
+// planCommand runs "student-controller plan ...". It returns the process's exit code.
+func planCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, planUsage, "\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	var opts options
+	opts.addCommandFlags(fs)
+	addLoggingFlags(fs) // the controller's, accepted so that its arguments can be copied; plan logs nothing
+	output := fs.String("o", "table", "Output format: table, for people, or json, for scripts.")
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return 0
+	} else if err != nil {
+		return 1
+	}
+	if opts.version {
+		fmt.Fprintln(stdout, versionString())
+		return 0
+	}
+	if fs.NArg() > 0 || (*output != "table" && *output != "json") {
+		fs.Usage()
+		return 1
+	}
+	if err := opts.validate(); err != nil {
+		fmt.Fprintf(stderr, "student-controller plan: %v\n", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	report, err := makePlan(ctx, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "student-controller plan: %v\n", err)
+		return 1
+	}
+	if *output == "json" {
+		if report.Actions == nil {
+			report.Actions = []controller.PlannedAction{} // [] for scripts, not null
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(report); err != nil {
+			fmt.Fprintf(stderr, "student-controller plan: %v\n", err)
+			return 1
+		}
+	} else {
+		printPlan(stdout, report)
+	}
+	if report.Changes() > 0 {
+		return 2
+	}
+	return 0
+}
+
+// planReport is a plan with what it compared.
+type planReport struct {
+	controller.Plan
+	Registry  string `json:"registry"`
+	Owner     string `json:"owner"`
+	Cluster   string `json:"cluster"`
+	Namespace string `json:"namespace,omitempty"`
+	// NoSchema says the registry has no schema yet: the controller makes it when it
+	// first starts, and every row is new.
+	NoSchema bool `json:"noSchema,omitempty"`
+}
+
+func makePlan(ctx context.Context, opts options) (planReport, error) {
+	report := planReport{Owner: opts.owner, Namespace: opts.namespace}
+	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
+	if err != nil {
+		return report, fmt.Errorf("build client config: %w", err)
+	}
+	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return report, err
+	}
+	students, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return report, err
+	}
+	rows, cluster, closeRegistry, err := openReadOnly(ctx, opts, kube)
+	if err != nil {
+		return report, err
+	}
+	defer closeRegistry()
+	report.Registry, report.Cluster = rows.String(), cluster
+	_, report.NoSchema = rows.(noSchema)
+
+	var all []*studentv1.Student
+	list := metav1.ListOptions{Limit: 500}
+	for {
+		page, err := students.BolingcavalryV1().Students(opts.namespace).List(ctx, list)
+		if err != nil {
+			return report, fmt.Errorf("list Students: %w", err)
+		}
+		for i := range page.Items {
+			all = append(all, &page.Items[i])
+		}
+		if list.Continue = page.Continue; list.Continue == "" {
+			break
+		}
+	}
+	report.Plan, err = controller.PlanFor(ctx, rows, controller.PlanScope{
+		Owner: opts.owner, Namespace: opts.namespace,
+		SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent, NoSweep: opts.sweepInterval == 0,
+	}, all)
+	return report, err
+}
+
+func printPlan(w io.Writer, r planReport) {
+	scope := "all namespaces"
+	if r.Namespace != "" {
+		scope = "namespace " + r.Namespace
+	}
+	fmt.Fprintf(w, "Registry %s, owner %q, cluster %s, %s: %d Students, %d rows of the owner", r.Registry, r.Owner, r.Cluster, scope, r.Students, r.Rows)
+	if r.NoSchema {
+		fmt.Fprint(w, " (the registry has no schema yet: the controller makes it when it first starts)")
+	}
+	fmt.Fprintln(w)
+	if len(r.Actions) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "ACTION\tNAMESPACE\tNAME\tUID\tCAUSE")
+		for _, a := range r.Actions {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.Action, a.Namespace, a.Name, a.UID, a.Cause)
+		}
+		_ = tw.Flush()
+	}
+	if r.SweepRefused {
+		fmt.Fprintf(w, "The sweep would refuse: %d rows of the owner have no Student, more than it lets go at once (%d); it would let go of none.\n", r.Orphans, r.SweepBound)
+	}
+	if r.Paused > 0 {
+		fmt.Fprintf(w, "%d Students are paused (%s): nothing is planned for them.\n", r.Paused, studentv1.AnnotationPaused)
+	}
+	if r.Malformed > 0 {
+		fmt.Fprintf(w, "%d rows of the owner cannot be read: the syncs of their Students rewrite them, and the others are left alone.\n", r.Malformed)
+	}
+	switch n := r.Changes(); n {
+	case 0:
+		fmt.Fprintln(w, "Nothing would change.")
+	case 1:
+		fmt.Fprintln(w, "1 change.")
+	default:
+		fmt.Fprintf(w, "%d changes.\n", n)
+	}
+}

@@ -1,0 +1,115 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// dryRunSettle is how long a dry run waits after a Student changed before it plans
+// again, so that a burst of changes costs one plan, and steady churn one per settle.
+const dryRunSettle = 5 * time.Second
+
+// dryRunPlanTimeout bounds one plan: a list of the owner's rows, and a read of the row
+// of each Student the owner holds none of.
+const dryRunPlanTimeout = 2 * time.Minute
+
+// RunDryRun is Run for --dry-run: it waits for the informer cache, then computes the
+// plan (what Run would do now, as `plan` lists it) whenever the Students change and
+// every interval (the registry can drift too), logs each action when it first
+// appears, and sets the planned-actions gauge. It writes nothing: it calls no write,
+// and its sweep and history pruning do not run. Each replica plans on its own; none
+// takes a Lease, which is a write too.
+func (c *Controller) RunDryRun(ctx context.Context, interval time.Duration) error {
+	defer utilruntime.HandleCrashWithContext(ctx)
+	logger := klog.FromContext(ctx)
+	logger.Info("Starting controller in dry-run mode: it writes nothing", "owner", c.cfg.Owner, "interval", interval)
+	defer c.queue.ShutDown()
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.synced) {
+		return errors.New("the Student cache did not sync before shutdown")
+	}
+
+	// The event handlers fill the queue as for Run; here a key only says that
+	// something changed.
+	changed := make(chan struct{}, 1)
+	go func() {
+		for {
+			key, shutdown := c.queue.Get()
+			if shutdown {
+				return
+			}
+			c.queue.Done(key)
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+
+	var last map[PlannedAction]bool
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		last = c.dryRun(ctx, last)
+		select {
+		case <-ctx.Done():
+			logger.Info("Dry run stopped")
+			return nil
+		case <-ticker.C:
+		case <-changed:
+			select {
+			case <-ctx.Done():
+			case <-time.After(dryRunSettle):
+			}
+		}
+	}
+}
+
+// dryRun plans once and logs the actions that were not in the previous plan (seen);
+// it returns the actions of this plan, or seen when planning failed.
+func (c *Controller) dryRun(ctx context.Context, seen map[PlannedAction]bool) map[PlannedAction]bool {
+	logger := klog.FromContext(ctx)
+	planCtx, cancel := context.WithTimeout(ctx, dryRunPlanTimeout)
+	defer cancel()
+	plan, err := c.Plan(planCtx)
+	if err != nil {
+		if ctx.Err() == nil {
+			utilruntime.HandleErrorWithContext(ctx, err, "Dry run: planning failed; the next plan retries")
+		}
+		return seen
+	}
+	c.cfg.Metrics.observePlan(plan)
+	now := make(map[PlannedAction]bool, len(plan.Actions))
+	fresh := seen == nil
+	for _, a := range plan.Actions {
+		now[a] = true
+		if !seen[a] {
+			fresh = true
+			logger.Info("Dry run: would act", "action", a.Action, "student", klog.KRef(a.Namespace, a.Name), "uid", a.UID, "cause", a.Cause)
+		}
+	}
+	if fresh || len(now) != len(seen) {
+		logger.Info("Dry run: planned", "changes", plan.Changes(), "actions", len(plan.Actions), "students", plan.Students,
+			"rows", plan.Rows, "paused", plan.Paused, "sweepRefused", plan.SweepRefused)
+	}
+	return now
+}
+
+// Plan is what the controller would do now, from its cache and the registry: the
+// plan of `student-controller plan`, over the Students this controller watches.
+func (c *Controller) Plan(ctx context.Context) (Plan, error) {
+	students, err := c.lister.List(labels.Everything())
+	if err != nil {
+		return Plan{}, err
+	}
+	return PlanFor(ctx, c.rows, PlanScope{
+		Owner: c.cfg.Owner, Namespace: c.cfg.Namespace,
+		SweepMaxDeletions: c.cfg.SweepMaxDeletions, SweepMaxDeletionPercent: c.cfg.SweepMaxDeletionPercent,
+		NoSweep: c.cfg.SweepInterval == 0,
+	}, students)
+}

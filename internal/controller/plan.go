@@ -1,0 +1,255 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// The actions of a plan: the row writes a sync or a sweep makes (create, update,
+// restore, delete, release), the finalizer put on a Student that lacks it
+// (add-finalizer), a Terminating Student whose finalizer alone comes off (finalize),
+// and what the controller refuses (refuse). Status writes are not planned.
+const (
+	PlanAddFinalizer = "add-finalizer"
+	PlanCreate       = "create"
+	PlanUpdate       = "update"
+	PlanRestore      = "restore"
+	PlanDelete       = "delete"
+	PlanRelease      = "release"
+	PlanFinalize     = "finalize"
+	PlanRefuse       = "refuse"
+)
+
+// PlannedAction is one thing the controller would do now, or refuse to do.
+type PlannedAction struct {
+	Action    string `json:"action"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+	// Cause says why: the cause its history row would record for a row write, what
+	// stands in the way for a refusal.
+	Cause string `json:"cause"`
+}
+
+// Plan is what the controller would do now: the diff of the registry against the
+// Students, as its syncs and its sweep would act on it.
+type Plan struct {
+	// Actions, ordered by namespace, name and UID.
+	Actions []PlannedAction `json:"actions"`
+	// Students and Rows are what was compared: the Students in scope and the rows the
+	// owner holds in scope. Paused are the Students held still (no action is planned
+	// for them); Malformed the owned rows that cannot be read.
+	Students  int `json:"students"`
+	Rows      int `json:"rows"`
+	Paused    int `json:"paused"`
+	Malformed int `json:"malformed"`
+	// Orphans are owned rows whose Student is gone. SweepRefused says the sweep's
+	// guard would refuse to let go of them (more than SweepBound at once): they are
+	// planned as refused, and stay.
+	Orphans      int  `json:"orphans"`
+	SweepBound   int  `json:"sweepBound"`
+	SweepRefused bool `json:"sweepRefused"`
+}
+
+// Changes counts the actions that would change something (all but refusals).
+func (p Plan) Changes() int {
+	n := 0
+	for _, a := range p.Actions {
+		if a.Action != PlanRefuse {
+			n++
+		}
+	}
+	return n
+}
+
+// PlanInput is what a plan compares.
+type PlanInput struct {
+	Owner string
+	// Students are the Students in scope, as the API server has them now.
+	Students []*studentv1.Student
+	// Rows are the rows Owner holds, in scope; Malformed the ones it cannot read.
+	Rows      []registry.Record
+	Malformed []registry.MalformedRow
+	// Others are the stored rows of Students in scope that Owner does not hold
+	// (another owner's, or released), by UID.
+	Others map[string]registry.Record
+	// SweepMaxDeletions and SweepMaxDeletionPercent are the sweep's bound (Config).
+	SweepMaxDeletions, SweepMaxDeletionPercent int
+	// NoSweep says the sweep is off (Config.SweepInterval 0): orphan rows stay.
+	NoSweep bool
+}
+
+// ComputePlan says what the controller would do for in: each Student as its sync
+// would treat it (rowWrite, shared with ensureRow, decides the row write), and the
+// orphan rows as the sweep would. It is a pure function of its input.
+func ComputePlan(in PlanInput) Plan {
+	owned := make(map[string]registry.Record, len(in.Rows))
+	for _, r := range in.Rows {
+		owned[r.UID] = r
+	}
+	malformed := make(map[string]bool, len(in.Malformed))
+	for _, m := range in.Malformed {
+		malformed[m.UID] = true
+	}
+	plan := Plan{Students: len(in.Students), Rows: len(in.Rows), Malformed: len(in.Malformed)}
+	add := func(s *studentv1.Student, action, cause string) {
+		plan.Actions = append(plan.Actions, PlannedAction{Action: action, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Cause: cause})
+	}
+	seen := make(map[types.UID]bool, len(in.Students))
+	for _, s := range in.Students {
+		seen[s.UID] = true
+		row, mine := owned[string(s.UID)]
+		other, theirs := in.Others[string(s.UID)]
+		finalizing := s.DeletionTimestamp != nil && slices.Contains(s.Finalizers, Finalizer)
+		switch {
+		case paused(s) && (s.DeletionTimestamp == nil || finalizing):
+			plan.Paused++
+		case s.DeletionTimestamp != nil:
+			if !finalizing {
+				continue // not this controller's to let go
+			}
+			held := mine || malformed[string(s.UID)] // a row it cannot read goes too
+			switch {
+			case held && policy(s) == studentv1.DeletionPolicyDelete:
+				add(s, PlanDelete, registry.CauseFinalizer)
+			case held:
+				add(s, PlanRelease, registry.CauseFinalizer)
+			case theirs:
+				add(s, PlanFinalize, "the row is "+ownedBy(other)+" and is left alone")
+			default:
+				add(s, PlanFinalize, "no row")
+			}
+		case ValidateSpec(s.Spec) != "":
+			add(s, PlanRefuse, "invalid spec: "+ValidateSpec(s.Spec))
+		case !slices.Contains(s.Finalizers, Finalizer):
+			// The sync puts it on first, and then does the rest; the plan says both.
+			add(s, PlanAddFinalizer, "before the row is written")
+			fallthrough
+		default:
+			if theirs {
+				add(s, PlanRefuse, "the row is "+ownedBy(other))
+				continue
+			}
+			want := recordOf(in.Owner, s)
+			recordPolicy := mine && row.DeletionPolicy == ""
+			if recordPolicy {
+				row.DeletionPolicy = want.DeletionPolicy // as ensureRow records it first
+			}
+			why, write := rowWrite(row, want, mine || malformed[want.UID], malformed[want.UID], wasWritten(s))
+			switch {
+			case write:
+				add(s, planAction(why.Action), why.Cause)
+			case recordPolicy:
+				add(s, PlanUpdate, "its deletion policy is recorded")
+			}
+		}
+	}
+
+	var orphans []registry.Record
+	for _, r := range in.Rows {
+		if !seen[types.UID(r.UID)] {
+			orphans = append(orphans, r)
+		}
+	}
+	plan.Orphans = len(orphans)
+	plan.SweepBound = sweepBound(in.SweepMaxDeletions, in.SweepMaxDeletionPercent, len(in.Rows))
+	plan.SweepRefused = !in.NoSweep && len(orphans) > plan.SweepBound
+	for _, r := range orphans {
+		a := PlannedAction{Action: PlanRelease, Namespace: r.Namespace, Name: r.Name, UID: r.UID, Cause: registry.CauseSweep}
+		switch {
+		case in.NoSweep:
+			a.Action = PlanRefuse
+			a.Cause = "the sweep is off (--sweep-interval=0): the row stays"
+		case plan.SweepRefused:
+			a.Action = PlanRefuse
+			a.Cause = fmt.Sprintf("the sweep's guard: %d owned rows without a Student, more than it lets go at once (%d)", len(orphans), plan.SweepBound)
+		case r.DeletionPolicy == registry.PolicyDelete:
+			a.Action = PlanDelete
+		}
+		plan.Actions = append(plan.Actions, a)
+	}
+	// Stable: a Student's finalizer comes before its row.
+	slices.SortStableFunc(plan.Actions, func(a, b PlannedAction) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
+	})
+	return plan
+}
+
+// planAction is the plan's name of a row write's action.
+func planAction(action string) string {
+	switch action {
+	case rowCreated:
+		return PlanCreate
+	case rowRestored:
+		return PlanRestore
+	}
+	return PlanUpdate
+}
+
+func ownedBy(r registry.Record) string {
+	if r.Owner == "" {
+		return "released"
+	}
+	return fmt.Sprintf("owned by %q", r.Owner)
+}
+
+// PlanScope is what a plan compares: whose rows, of which namespace, and the sweep's
+// bound.
+type PlanScope struct {
+	Owner string
+	// Namespace limits the rows to those of one namespace (the controller's
+	// --namespace); all when empty. The Students given must be of the same scope.
+	Namespace                                  string
+	SweepMaxDeletions, SweepMaxDeletionPercent int
+	// NoSweep says the controller does not sweep (--sweep-interval=0).
+	NoSweep bool
+}
+
+// PlanFor reads what ComputePlan compares from the registry, only reading: the rows
+// scope.Owner holds in scope, and the stored row of each Student it does not hold.
+// students are the Students in scope, as the API server has them now.
+func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*studentv1.Student) (Plan, error) {
+	in := PlanInput{Owner: scope.Owner, Students: students, Others: map[string]registry.Record{},
+		SweepMaxDeletions: scope.SweepMaxDeletions, SweepMaxDeletionPercent: scope.SweepMaxDeletionPercent, NoSweep: scope.NoSweep}
+	owned, malformed, err := rows.List(ctx, scope.Owner)
+	if err != nil {
+		return Plan{}, err
+	}
+	// Every row the owner holds, of any namespace, before rowsOf filters owned in place.
+	held := make(map[string]bool, len(owned)+len(malformed))
+	for _, r := range owned {
+		held[r.UID] = true
+	}
+	in.Rows = rowsOf(scope.Namespace, owned)
+	for _, m := range malformed {
+		held[m.UID] = true
+		in.Malformed = append(in.Malformed, m)
+	}
+	for _, s := range students {
+		if held[string(s.UID)] {
+			continue
+		}
+		row, err := rows.Get(ctx, string(s.UID))
+		switch {
+		case errors.Is(err, registry.ErrNotFound):
+			// Missing: created, or restored.
+		case errors.Is(err, registry.ErrMalformed):
+			// Unreadable and not the owner's (List has the owner's): the upsert is
+			// refused, as for any row of another owner.
+			in.Others[string(s.UID)] = registry.Record{UID: string(s.UID), Owner: "(unreadable)"}
+		case err != nil:
+			return Plan{}, err
+		default:
+			in.Others[row.UID] = row
+		}
+	}
+	return ComputePlan(in), nil
+}

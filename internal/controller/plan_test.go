@@ -1,0 +1,230 @@
+package controller
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// The plan says what the controller then does: every kind of action planned, then
+// each Student synced and a sweep run, and the history the registry kept of those
+// writes is the plan's row writes, one for one.
+func TestPlanIsWhatTheControllerDoes(t *testing.T) {
+	changed := newStudent("changed", withFinalizer, synced(start), func(s *studentv1.Student) {
+		s.Generation, s.Spec.School = 2, "another school"
+	})
+	invalid := newStudent("invalid", withFinalizer, func(s *studentv1.Student) { s.Spec.Name = "tab\there" })
+	f := newFixture(t,
+		newStudent("new"),
+		changed,
+		newStudent("tampered", withFinalizer, synced(start)),
+		newStudent("lost", withFinalizer, synced(start)),
+		newStudent("inline", withFinalizer, synced(start)),
+		newStudent("held", withFinalizer, synced(start), pausedBy),
+		newStudent("bye", withFinalizer, synced(start), deleting),
+		newStudent("keep", withFinalizer, synced(start), orphan, deleting),
+		newStudent("rowless", withFinalizer, deleting),
+		newStudent("theirs"),
+		invalid,
+	)
+	tampered := recordOf(owner, newStudent("tampered"))
+	tampered.StudentName = "someone else"
+	held := recordOf(owner, newStudent("held"))
+	held.School = "edited by hand"
+	f.put(
+		recordOf(owner, newStudent("changed")), tampered, recordOf(owner, newStudent("inline")), held,
+		recordOf(owner, newStudent("bye")), recordOf(owner, newStudent("keep", orphan)),
+		recordOf("another-controller", newStudent("theirs")),
+		recordOf(owner, newStudent("ghost")), recordOf(owner, newStudent("ghost-kept", orphan)),
+	)
+	students, err := f.ctrl.lister.List(labels.Everything())
+	if err != nil {
+		t.Fatal(err)
+	}
+	scope := PlanScope{Owner: owner, SweepMaxDeletions: 2, SweepMaxDeletionPercent: 50}
+	plan, err := PlanFor(f.ctx, f.registry, scope, students)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []PlannedAction{
+		{Action: PlanDelete, Name: "bye", Cause: registry.CauseFinalizer},
+		{Action: PlanUpdate, Name: "changed", Cause: registry.CauseSpecChange},
+		{Action: PlanDelete, Name: "ghost", Cause: registry.CauseSweep},
+		{Action: PlanRelease, Name: "ghost-kept", Cause: registry.CauseSweep},
+		{Action: PlanRefuse, Name: "invalid", Cause: "invalid spec: spec.name must not hold control characters (U+0000 to U+001F, U+007F)"},
+		{Action: PlanRelease, Name: "keep", Cause: registry.CauseFinalizer},
+		{Action: PlanRestore, Name: "lost", Cause: registry.CauseRestore},
+		{Action: PlanAddFinalizer, Name: "new", Cause: "before the row is written"},
+		{Action: PlanCreate, Name: "new", Cause: registry.CauseNewStudent},
+		{Action: PlanFinalize, Name: "rowless", Cause: "no row"},
+		{Action: PlanUpdate, Name: "tampered", Cause: registry.CauseDrift},
+		{Action: PlanAddFinalizer, Name: "theirs", Cause: "before the row is written"},
+		{Action: PlanRefuse, Name: "theirs", Cause: `the row is owned by "another-controller"`},
+	}
+	for i := range want {
+		want[i].Namespace, want[i].UID = "school", "uid-"+want[i].Name
+	}
+	if diff := cmp.Diff(want, plan.Actions); diff != "" {
+		t.Errorf("plan (-want +got):\n%s", diff)
+	}
+	if plan.Students != 11 || plan.Rows != 8 || plan.Paused != 1 || plan.Orphans != 2 || plan.SweepRefused || plan.Changes() != 11 {
+		t.Errorf("plan counts: %+v, %d changes", plan, plan.Changes())
+	}
+
+	// What the controller does: each Student synced, then a sweep.
+	last := f.historyLength()
+	for _, s := range students {
+		_ = f.ctrl.sync(f.ctx, s.Namespace+"/"+s.Name) // the refusals return their errors
+	}
+	if _, err := f.ctrl.Sweep(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var planned []string
+	for _, a := range plan.Actions {
+		if history := historyAction(a.Action); history != "" {
+			planned = append(planned, fmt.Sprintf("%s %s %s", a.UID, history, a.Cause))
+		}
+	}
+	if diff := cmp.Diff(planned, f.historySince(last)); diff != "" {
+		t.Errorf("the plan's row writes (-) against the history of what the controller wrote (+):\n%s", diff)
+	}
+	if got := f.get("school", "rowless").Finalizers; len(got) != 0 {
+		t.Errorf("the finalizer of the Student planned to be finalized: %v", got)
+	}
+	for _, name := range []string{"new", "theirs"} {
+		if got := f.get("school", name).Finalizers; !slices.Contains(got, Finalizer) {
+			t.Errorf("the finalizer of Student %s, planned to be added: %v", name, got)
+		}
+	}
+}
+
+// historyAction is the history's action of a planned one: "" for what writes no row.
+func historyAction(action string) string {
+	switch action {
+	case PlanCreate:
+		return registry.ActionCreated
+	case PlanUpdate:
+		return registry.ActionUpdated
+	case PlanRestore:
+		return registry.ActionRestored
+	case PlanDelete:
+		return registry.ActionDeleted
+	case PlanRelease:
+		return registry.ActionReleased
+	}
+	return ""
+}
+
+func TestComputePlan(t *testing.T) {
+	tests := map[string]struct {
+		in          PlanInput
+		wantActions []string
+		wantRefused bool
+	}{
+		"nothing to do": {
+			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer, synced(start))}, Rows: []registry.Record{recordOf(owner, newStudent("a"))}},
+		},
+		"a row written before rows recorded their policy": {
+			in:          PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer, synced(start))}, Rows: []registry.Record{unknownPolicy(recordOf(owner, newStudent("a")))}},
+			wantActions: []string{"update a: its deletion policy is recorded"},
+		},
+		"an unreadable row of the owner is rewritten": {
+			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer, synced(start))},
+				Malformed: []registry.MalformedRow{{UID: "uid-a", Problem: "generation is text"}}},
+			wantActions: []string{"update a: drift"},
+		},
+		"a Terminating Student's unreadable row goes with it": {
+			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer, deleting)},
+				Malformed: []registry.MalformedRow{{UID: "uid-a", Problem: "generation is text"}}},
+			wantActions: []string{"delete a: " + registry.CauseFinalizer},
+		},
+		"a released row is refused": {
+			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer)},
+				Others: map[string]registry.Record{"uid-a": {UID: "uid-a"}}},
+			wantActions: []string{"refuse a: the row is released"},
+		},
+		"a Terminating Student without the finalizer is not this controller's": {
+			in: PlanInput{Students: []*studentv1.Student{newStudent("a", deleting, func(s *studentv1.Student) { s.Finalizers = []string{"other"} })}},
+		},
+		"a paused Terminating Student waits": {
+			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer, deleting, pausedBy)}, Rows: []registry.Record{recordOf(owner, newStudent("a"))}},
+		},
+		"a new Student without the finalizer gets it, then its row": {
+			in:          PlanInput{Students: []*studentv1.Student{newStudent("a")}},
+			wantActions: []string{"add-finalizer a: before the row is written", "create a: new-student"},
+		},
+		"with the sweep off an orphan row stays": {
+			in:          PlanInput{Rows: []registry.Record{recordOf(owner, newStudent("x"))}, NoSweep: true},
+			wantActions: []string{"refuse x: the sweep is off (--sweep-interval=0): the row stays"},
+		},
+		"the sweep's guard refuses more orphans than its bound": {
+			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer)},
+				Rows:              []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
+				SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50},
+			wantActions: []string{
+				"refuse x: the sweep's guard: 2 owned rows without a Student, more than it lets go at once (1)",
+				"refuse y: the sweep's guard: 2 owned rows without a Student, more than it lets go at once (1)",
+			},
+			wantRefused: true,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.in.Owner = owner
+			tc.in.SweepMaxDeletions = max(tc.in.SweepMaxDeletions, 100)
+			tc.in.SweepMaxDeletionPercent = max(tc.in.SweepMaxDeletionPercent, 50)
+			plan := ComputePlan(tc.in)
+			var got []string
+			for _, a := range plan.Actions {
+				got = append(got, fmt.Sprintf("%s %s: %s", a.Action, a.Name, a.Cause))
+			}
+			if diff := cmp.Diff(tc.wantActions, got); diff != "" {
+				t.Errorf("actions (-want +got):\n%s", diff)
+			}
+			if plan.SweepRefused != tc.wantRefused {
+				t.Errorf("SweepRefused %v, want %v", plan.SweepRefused, tc.wantRefused)
+			}
+			if slices.ContainsFunc(plan.Actions, func(a PlannedAction) bool { return a.Action == PlanRefuse }) && plan.Changes() == len(plan.Actions) {
+				t.Error("Changes counts refusals")
+			}
+		})
+	}
+}
+
+// historyLength is the id of the registry's last history row.
+func (f *fixture) historyLength() int64 {
+	f.t.Helper()
+	var id int64
+	if err := f.rawDB().QueryRowContext(f.ctx, `SELECT coalesce(MAX(id), 0) FROM student_history`).Scan(&id); err != nil {
+		f.t.Fatal(err)
+	}
+	return id
+}
+
+// historySince lists the history rows after id as "uid action cause", by uid.
+func (f *fixture) historySince(id int64) []string {
+	f.t.Helper()
+	rows, err := f.rawDB().QueryContext(f.ctx, `SELECT uid, action, cause FROM student_history WHERE id > $1 ORDER BY uid, id`, id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var uid, action, cause string
+		if err := rows.Scan(&uid, &action, &cause); err != nil {
+			f.t.Fatal(err)
+		}
+		out = append(out, uid+" "+action+" "+cause)
+	}
+	if err := rows.Err(); err != nil {
+		f.t.Fatal(err)
+	}
+	return out
+}
