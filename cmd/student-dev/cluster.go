@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,6 +125,10 @@ func cluster(ctx context.Context, stateDir, layout string, helmArgs []string) (e
 		return err
 	}
 
+	where := "the SQLite file on the Pod's volume, in " + filepath.Join(n.Dir, "volumes")
+	if slices.ContainsFunc(helmArgs, func(a string) bool { return strings.Contains(a, "registry.url=") }) {
+		where = "the one your registry.url names"
+	}
 	fmt.Printf(`
 A one-node cluster runs student-controller as a Pod. From another terminal:
 
@@ -132,11 +137,11 @@ A one-node cluster runs student-controller as a Pod. From another terminal:
     kubectl get stu
     kubectl -n %s logs deploy/student-controller
 
-The registry is the SQLite file on the Pod's volume, in %s.
+The registry is %s.
 Logs of the node's parts (kubelet, containerd, ...) are in %s.
 Press Ctrl-C to stop; everything the node made is removed.
 
-`, cp.Kubeconfig, systemNamespace, filepath.Join(n.Dir, "volumes"), n.Dir)
+`, cp.Kubeconfig, systemNamespace, where, n.Dir)
 	<-ctx.Done()
 	return nil
 }

@@ -277,8 +277,8 @@ func snapshot(t *testing.T, ns string, db *sql.DB) state {
 	for _, e := range events.Items {
 		s.Events = append(s.Events, fmt.Sprintf("%s %s count=%d", e.Name, e.Reason, e.Count))
 	}
-	s.Rows = queryStrings(t, db, `SELECT uid || ' ' || coalesce(owner, '-') || ' ' || student_name || ' ' || school || ' ' || CAST(generation AS TEXT) || ' ' || CAST(updated_at AS TEXT) FROM students ORDER BY uid`)
-	s.History = queryStrings(t, db, `SELECT CAST(id AS TEXT) || ' ' || uid || ' ' || action FROM student_history ORDER BY id`)
+	s.Rows = queryRows(t, db, `SELECT uid || ' ' || coalesce(owner, '-') || ' ' || student_name || ' ' || school || ' ' || CAST(generation AS TEXT) || ' ' || CAST(updated_at AS TEXT) FROM students ORDER BY uid`)
+	s.History = queryRows(t, db, `SELECT CAST(id AS TEXT) || ' ' || uid || ' ' || action FROM student_history ORDER BY id`)
 	for _, q := range []string{
 		`SELECT * FROM owner_clusters ORDER BY owner`,
 		`SELECT * FROM fences ORDER BY owner`,
@@ -296,30 +296,9 @@ func snapshot(t *testing.T, ns string, db *sql.DB) state {
 // historySince lists the history rows after id as "uid action cause", sorted.
 func historySince(t *testing.T, db *sql.DB, id int64) []string {
 	t.Helper()
-	got := queryStrings(t, db, fmt.Sprintf(`SELECT uid || ' ' || action || ' ' || cause FROM student_history WHERE id > %d`, id))
+	got := queryRows(t, db, fmt.Sprintf(`SELECT uid || ' ' || action || ' ' || cause FROM student_history WHERE id > %d`, id))
 	slices.Sort(got)
 	return got
-}
-
-func queryStrings(t *testing.T, db *sql.DB, query string) []string {
-	t.Helper()
-	rows, err := db.QueryContext(context.Background(), query)
-	if err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // queryRows lists the rows of query, each as its columns' text joined by spaces.

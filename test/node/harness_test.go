@@ -79,6 +79,7 @@ func runTests(m *testing.M) (code int) {
 	defer func() {
 		if err := cp.Stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "stop the control plane: %v\n", err)
+			code = 1
 		}
 	}()
 	if err := nd.Start(ctx, cp); err != nil {

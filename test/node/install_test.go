@@ -48,6 +48,14 @@ func TestKustomizeInstall(t *testing.T) {
 	dir := overlay(t, "config/default", "")
 	cleanupInstall(t, "kustomize", dir)
 	run(t, "kubectl", "apply", "-k", dir)
+	// config/default's namespace enforces restricted Pod Security itself.
+	ns, err := kube.CoreV1().Namespaces().Get(context.Background(), systemNamespace, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ns.Labels["pod-security.kubernetes.io/enforce"]; got != "restricted" {
+		t.Errorf("namespace %s enforces Pod Security %q, want restricted", systemNamespace, got)
+	}
 	checkInstall(t, "student-controller-registry")
 	out := run(t, "uninstall", "--yes", "kustomize", dir)
 	assertUninstalled(t, out)
@@ -170,10 +178,14 @@ func assertUninstalled(t *testing.T, out string) {
 				return false, nil
 			}
 		}
-		pods := readyPodsNow(ctx)
+		// Every Pod of the controller gone, Terminating ones included.
+		pods, err := kube.CoreV1().Pods(systemNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=student-controller"})
+		if err != nil {
+			return false, err
+		}
 		if _, err := kube.Discovery().ServerResourcesForGroupVersion("bolingcavalry.k8s.io/v1"); !apierrors.IsNotFound(err) {
 			return false, nil
 		}
-		return len(pods) == 0, nil
+		return len(pods.Items) == 0, nil
 	}, func() string { return "hack/uninstall.sh said:\n" + out })
 }

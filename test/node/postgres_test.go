@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -136,9 +137,7 @@ func TestPostgresKustomize(t *testing.T) {
 	if err := kube.CoreV1().Pods(systemNamespace).Delete(context.Background(), leader, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// It lets the Lease go as it stops, so the other takes over within a retry period
-	// (2 s), not the lease duration (15 s) it would wait out after a crash.
-	next := waitNewLeader(t, leader, 8*time.Second)
+	next := waitNewLeader(t, leader, handover)
 	t.Logf("the Lease went from %s to %s in %s", leader, next, time.Since(deleted).Round(100*time.Millisecond))
 	add("after-failover")
 
@@ -151,19 +150,22 @@ func TestPostgresKustomize(t *testing.T) {
 	if digest == image.digest {
 		t.Fatalf("a second version built the same image %s", digest)
 	}
-	oldPods := readyPodsNow(context.Background())
-	run(t, "kubectl", "-n", systemNamespace, "set", "image", "deployment/student-controller", "controller="+image.repository+"@"+digest)
+	newImage := image.repository + "@" + digest
+	gaps := watchLeaderless(t)
+	run(t, "kubectl", "-n", systemNamespace, "set", "image", "deployment/student-controller", "controller="+newImage)
 	run(t, "kubectl", "-n", systemNamespace, "rollout", "status", "deployment/student-controller", "--timeout=3m")
-	var leaderAfter string
 	eventually(t, time.Minute, "a Pod of the new image leading", func(ctx context.Context) (bool, error) {
-		leaderAfter = leaderPodNow(ctx)
-		for _, p := range oldPods {
-			if p.Name == leaderAfter {
-				return false, nil
-			}
+		pod, err := kube.CoreV1().Pods(systemNamespace).Get(ctx, leaderPodNow(ctx), metav1.GetOptions{})
+		if err != nil {
+			return false, nil
 		}
-		return leaderAfter != "", nil
+		return pod.Spec.Containers[0].Image == newImage, nil
 	}, diagnose)
+	if longest := gaps(); longest >= handover {
+		t.Errorf("during the rolling update no Pod led for %v, want less than %v (the lease duration is 15 s)", longest, handover)
+	} else {
+		t.Logf("during the rolling update the longest time no Pod led was %v", longest)
+	}
 	add("after-update")
 	for _, s := range students {
 		waitReady(t, ns, s.Name, diagnose)
@@ -218,6 +220,49 @@ func leaderPod(t *testing.T) string {
 		return leader != "", nil
 	})
 	return leader
+}
+
+// handover bounds how long no Pod leads when the leader's Pod is deleted: it lets the
+// Lease go as it stops, so another takes over within a retry period (2 s), not the
+// lease duration (15 s) it would wait out after a crash.
+const handover = 8 * time.Second
+
+// watchLeaderless samples the Lease until the function it returns is called, which
+// returns the longest time the Lease named no Pod that exists (held by none, or by a
+// Pod already gone). A Pod that drains while Terminating still leads.
+func watchLeaderless(t *testing.T) func() time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan time.Duration, 1)
+	go func() {
+		var longest time.Duration
+		var since time.Time // when the Lease last began naming no Pod; zero while one leads
+		for ctx.Err() == nil {
+			now := time.Now()
+			_, err := kube.CoreV1().Pods(systemNamespace).Get(ctx, leaderPodNow(ctx), metav1.GetOptions{})
+			switch {
+			case err != nil && since.IsZero():
+				since = now
+			case err != nil:
+				longest = max(longest, now.Sub(since))
+			case !since.IsZero():
+				longest, since = max(longest, now.Sub(since)), time.Time{}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		done <- longest
+	}()
+	var once sync.Once
+	var longest time.Duration
+	stop := func() time.Duration {
+		once.Do(func() { cancel(); longest = <-done })
+		return longest
+	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // waitNewLeader waits until a Pod other than old holds the Lease, within within.
