@@ -202,6 +202,7 @@ func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (r
 		"the Pod stays not ready and retries", permanent, func() (err error) {
 		rows, cluster, closeRegistry, err = openReadOnly(ctx, opts, kubeClient)
 		if _, none := rows.(noSchema); none && err == nil {
+			rows = nil
 			return registry.ErrNoSchema
 		}
 		return err

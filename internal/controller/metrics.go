@@ -89,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		plannedActions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "student_controller_dry_run_planned_actions",
-			Help: "With --dry-run: what the last plan lists, by action (create, update, restore, delete, release, finalize, refuse), as student-controller plan does; nothing is done.",
+			Help: "With --dry-run: what the last plan lists, by action (add-finalizer, create, update, restore, delete, release, finalize, refuse), as student-controller plan does; nothing is done.",
 		}, []string{"action"}),
 		notReadyKeys: map[string]struct{}{},
 		pausedSince:  map[string]time.Time{},
@@ -185,7 +185,7 @@ func (m *Metrics) observePlan(p Plan) {
 	for _, a := range p.Actions {
 		counts[a.Action]++
 	}
-	for _, action := range []string{PlanCreate, PlanUpdate, PlanRestore, PlanDelete, PlanRelease, PlanFinalize, PlanRefuse} {
+	for _, action := range []string{PlanAddFinalizer, PlanCreate, PlanUpdate, PlanRestore, PlanDelete, PlanRelease, PlanFinalize, PlanRefuse} {
 		m.plannedActions.WithLabelValues(action).Set(float64(counts[action]))
 	}
 }

@@ -213,7 +213,7 @@ func dryRun(t *testing.T, bin string, args []string, planned []plannedAction) {
 		if body, err = testenv.Scrape(p.MetricsAddr, time.Second); err != nil {
 			return false, nil
 		}
-		for _, action := range []string{"create", "update", "restore", "delete", "release", "finalize", "refuse"} {
+		for _, action := range []string{"add-finalizer", "create", "update", "restore", "delete", "release", "finalize", "refuse"} {
 			got := testenv.MetricSum(body, "student_controller_dry_run_planned_actions", func(l string) bool { return l == `action="`+action+`"` })
 			if !strings.Contains(body, `student_controller_dry_run_planned_actions{action="`+action+`"}`) || got != want[action] {
 				return false, nil

@@ -14,6 +14,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -239,11 +240,19 @@ func watchLeaderless(t *testing.T) func() time.Duration {
 		var since time.Time // when the Lease last began naming no Pod; zero while one leads
 		for ctx.Err() == nil {
 			now := time.Now()
-			_, err := kube.CoreV1().Pods(systemNamespace).Get(ctx, leaderPodNow(ctx), metav1.GetOptions{})
+			leaderless, known := false, true
+			if name := leaderPodNow(ctx); name == "" {
+				leaderless = true
+			} else if _, err := kube.CoreV1().Pods(systemNamespace).Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				leaderless = true
+			} else if err != nil {
+				known = false // no answer: this sample says nothing
+			}
 			switch {
-			case err != nil && since.IsZero():
+			case !known:
+			case leaderless && since.IsZero():
 				since = now
-			case err != nil:
+			case leaderless:
 				longest = max(longest, now.Sub(since))
 			case !since.IsZero():
 				longest, since = max(longest, now.Sub(since)), time.Time{}
