@@ -120,30 +120,47 @@ func scraper(t *testing.T) string {
 // carry it to a Pod) with token as the bearer ("" for none); the status and body.
 func scrape(t *testing.T, token string) (int, string) {
 	t.Helper()
-	ctx := context.Background()
-	svc, err := kube.CoreV1().Services(systemNamespace).Get(ctx, "student-controller-metrics", metav1.GetOptions{})
+	svc, err := kube.CoreV1().Services(systemNamespace).Get(context.Background(), "student-controller-metrics", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := fmt.Sprintf("https://%s/metrics", net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(svc.Spec.Ports[0].Port)))
+	return scrapeAt(net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(svc.Spec.Ports[0].Port)), token)
+}
+
+// scrapePod GETs /metrics from one Pod, at its own address: through the Service, a
+// Pod that is going away may still answer until kube-proxy hears of it.
+func scrapePod(t *testing.T, pod *corev1.Pod, token string) (int, string) {
+	t.Helper()
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.Name == "metrics" {
+				return scrapeAt(net.JoinHostPort(pod.Status.PodIP, fmt.Sprint(p.ContainerPort)), token)
+			}
+		}
+	}
+	t.Fatalf("Pod %s has no port named metrics", pod.Name)
+	return 0, ""
+}
+
+func scrapeAt(hostPort, token string) (int, string) {
 	// The controller's certificate is its own, self-made: Prometheus would be given
 	// insecure_skip_verify or a CA, as docs/operating.md says.
 	client := &http.Client{Timeout: 10 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // #nosec G402 -- the controller's self-made certificate
-	return testenv.ScrapeAs(client, url, token)
+	return testenv.ScrapeAs(client, "https://"+hostPort+"/metrics", token)
 }
 
-// waitSweptClean waits until the controller (one Pod behind the Service) reports a
-// sweep that found the registry as it should be, and says what its counters of
-// written rows and sweeps show.
-func waitSweptClean(t *testing.T) (clean bool, metrics string) {
+// waitSweptClean waits until the controller in pod reports a sweep that found the
+// registry as it should be, and says what its counters of written rows and sweeps
+// show.
+func waitSweptClean(t *testing.T, pod *corev1.Pod) (clean bool, metrics string) {
 	t.Helper()
 	token := scraper(t)
 	deadline := time.Now().Add(time.Minute)
 	var body string
 	for time.Now().Before(deadline) {
 		var code int
-		code, body = scrape(t, token)
+		code, body = scrapePod(t, pod, token)
 		if code == http.StatusOK && testenv.MetricSum(body, "student_controller_sweep_total", func(l string) bool { return l == `outcome="clean"` }) >= 1 {
 			return true, body
 		}
