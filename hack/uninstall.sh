@@ -10,8 +10,9 @@
 # delete, and asks; --yes (or UNINSTALL_YES=1) skips the question.
 #
 # 1. The Students the installation's controller manages are deleted while it still
-#    runs: those of its --namespace when it has one, else every Student (paused ones are
-#    unpaused first: their deletion would wait). It deletes each
+#    runs: those of its --namespace (one or several) and --selector when it has them,
+#    else every Student (paused ones are unpaused first: their deletion would wait).
+#    It deletes each
 #    row of a Student with deletionPolicy Delete and releases (keeps, no longer owned)
 #    each row of one with Orphan, then lets the Student go. Set deletionPolicy: Orphan
 #    first on the Students whose rows you want kept.
@@ -24,8 +25,8 @@
 #
 # Deleting everything at once (kubectl delete -k) can remove the controller before its
 # Students: each keeps its finalizer, Terminating, and so do the CRD and the namespaces
-# that hold them. Step 1 fails after UNINSTALL_TIMEOUT (5m) if the controller is not
-# running; docs/operating.md, "Uninstalling", says how to finish then.
+# that hold them. Step 1 fails after UNINSTALL_TIMEOUT (5m, per namespace of the scope)
+# if the controller is not running; docs/operating.md, "Uninstalling", says how to finish then.
 set -o errexit -o nounset -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,16 +56,51 @@ helm)
 *) usage ;;
 esac
 
-# The namespace the installation's controller watches, from its manifests: the value of
-# its --namespace flag, or every namespace.
-scope="$(grep -oE -- '- "?--?namespace[= ][^" ]+' <<<"${manifests}" | head -n1 | sed -E 's/^- "?--?namespace[= ]//' || true)"
-if [[ -n "${scope}" ]]; then
-	where=(--namespace "${scope}")
-	what="the Students of namespace ${scope}, which this installation's controller watches"
-else
-	where=(--all-namespaces)
-	what="every Student in the cluster (this installation's controller watches every namespace)"
+# The Students the installation's controller watches, from its manifests: the values
+# of its --namespace (names separated by commas) and --selector flags; every namespace,
+# every label when it has none.
+namespaces="$(grep -oE -- '- "?--?namespace[= ][^" ]+' <<<"${manifests}" | head -n1 | sed -E 's/^- "?--?namespace[= ]//' || true)"
+selector="$(grep -E -- '^[[:space:]]*- "?--?selector[= ]' <<<"${manifests}" | head -n1 |
+	sed -E 's/^[[:space:]]*- "?--?selector[= ]//; s/"[[:space:]]*$//' || true)"
+# A flag there in a form not read above (its value as the next argument, say) would
+# widen the deletion to every Student: stop instead.
+mentions() { grep -cE -- "(^|[^[:alnum:]-])--?$1([^[:alnum:]-]|\$)" <<<"${manifests}" || true; }
+if [[ "$(mentions namespace)" -gt 0 && -z "${namespaces}" ]] || [[ "$(mentions selector)" -gt 0 && -z "${selector}" ]]; then
+	echo "uninstall: the installation's controller has a --namespace or --selector flag in a form this script cannot read" >&2
+	echo "(write it as --namespace=NAMES and --selector=SELECTOR); nothing done" >&2
+	exit 1
 fi
+if [[ -n "${selector}" ]]; then
+	pick=(--selector "${selector}") labels=" labeled ${selector}"
+else
+	pick=() labels=""
+fi
+if [[ -n "${namespaces}" ]]; then
+	IFS=, read -r -a scopes <<<"${namespaces}"
+	if [[ ${#scopes[@]} -gt 1 ]]; then
+		where="namespaces ${namespaces//,/, }"
+	else
+		where="namespace ${namespaces}"
+	fi
+	what="the Students${labels} of ${where}, which this installation's controller watches"
+else
+	scopes=("")
+	what="every Student${labels} in the cluster (this installation's controller watches every namespace)"
+fi
+
+# in_scope runs kubectl with its arguments once per namespace of the scope (once over
+# every namespace when it has none); it fails when any run failed.
+in_scope() {
+	local ns rc=0
+	for ns in "${scopes[@]}"; do
+		if [[ -n "${ns}" ]]; then
+			kubectl "$@" --namespace "${ns}" || rc=$?
+		else
+			kubectl "$@" --all-namespaces || rc=$?
+		fi
+	done
+	return "${rc}"
+}
 
 # crd_exists says whether the CRD is there; any answer but yes or NotFound stops the
 # script, so that an error is never taken for a CRD that is gone.
@@ -84,7 +120,7 @@ context="$(kubectl config current-context 2>/dev/null || echo '(none)')"
 server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}' 2>/dev/null || echo '(unknown)')"
 count=0
 if crd_exists; then
-	count="$(kubectl get "${CRD}" "${where[@]}" -o name | wc -l | tr -d ' ')"
+	count="$(in_scope get "${CRD}" "${pick[@]}" -o name | wc -l | tr -d ' ')"
 fi
 echo "uninstall: context ${context}, API server ${server}"
 echo "uninstall: will delete ${what}: ${count} now, then the ${mode} installation"
@@ -103,7 +139,7 @@ fi
 if crd_exists; then
 	# A paused Student's deletion waits until it is unpaused: unpause them first. Each
 	# then has its row written from its spec again before it is deleted or released.
-	kubectl get "${CRD}" "${where[@]}" --no-headers \
+	in_scope get "${CRD}" "${pick[@]}" --no-headers \
 		-o custom-columns='NAMESPACE:.metadata.namespace,NAME:.metadata.name,PAUSED:.metadata.annotations.bolingcavalry\.k8s\.io/paused' |
 		while read -r ns name paused; do
 			if [[ "${paused}" == true ]]; then
@@ -112,7 +148,10 @@ if crd_exists; then
 			fi
 		done
 	echo "uninstall: deleting ${what}; the controller deletes or releases each row, per its deletionPolicy"
-	if ! kubectl delete "${CRD}" --all "${where[@]}" --wait --timeout="${TIMEOUT}"; then
+	if [[ -z "${selector}" ]]; then
+		pick=(--all) # delete takes --all or a selector
+	fi
+	if ! in_scope delete "${CRD}" "${pick[@]}" --wait --timeout="${TIMEOUT}"; then
 		echo >&2
 		echo "uninstall: Students are still Terminating after ${TIMEOUT}: they wait for the controller" >&2
 		echo "to deal with their rows. Is it running? If it is gone, run it again (docs/operating.md, Uninstalling)," >&2
@@ -124,7 +163,7 @@ if crd_exists; then
 		echo "uninstall: deleting the CRD ${CRD}"
 		kubectl delete crd "${CRD}" --wait --timeout="${TIMEOUT}"
 	else
-		echo "uninstall: ${left} Students of other installations remain: the CRD ${CRD} stays"
+		echo "uninstall: ${left} Students outside this installation's scope remain: the CRD ${CRD} stays"
 	fi
 fi
 

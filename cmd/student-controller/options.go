@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/student-controller/student-controller/internal/controller"
 )
 
 // options are the command-line flags.
@@ -14,6 +16,7 @@ type options struct {
 	kubeconfig              string
 	master                  string
 	namespace               string
+	selector                string
 	qps                     float64
 	burst                   int
 	workers                 int
@@ -43,6 +46,8 @@ type options struct {
 
 	// set are the flags given on the command line, by name.
 	set map[string]bool
+	// scope is --namespace and --selector, read by validate.
+	scope controller.Scope
 
 	metricsAddr   string
 	metricsSecure bool
@@ -55,7 +60,13 @@ type options struct {
 func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Only required if out-of-cluster.")
 	fs.StringVar(&o.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig. Only required if out-of-cluster.")
-	fs.StringVar(&o.namespace, "namespace", "", "Only watch Students in this namespace. All namespaces when empty.")
+	fs.StringVar(&o.namespace, "namespace", "",
+		"Only watch Students in these namespaces, separated by commas (one watch each). All namespaces when empty. "+
+			"The sweep leaves the rows of other namespaces alone.")
+	fs.StringVar(&o.selector, "selector", "",
+		"Only watch Students whose labels match this selector (as kubectl's -l takes it, e.g. team=a or 'tier in (gold,silver)'); "+
+			"the API server filters them. A Student whose labels stop matching keeps its row and its finalizer: "+
+			"this controller no longer sees it, and deleting it waits until a controller whose scope has it removes the finalizer.")
 	fs.Float64Var(&o.qps, "kube-api-qps", 500, "Queries per second to the API server, sustained. The server protects itself with API Priority and Fairness; this bounds one controller.")
 	fs.IntVar(&o.burst, "kube-api-burst", 1000, "Queries to the API server in a burst.")
 	fs.IntVar(&o.workers, "workers", 8, "Students synced in parallel.")
@@ -140,6 +151,10 @@ func (o *options) registryPassword() func() (string, error) {
 
 func (o *options) validate() error {
 	var errs []error
+	var err error
+	if o.scope, err = controller.ParseScope(o.namespace, o.selector); err != nil {
+		errs = append(errs, fmt.Errorf("--namespace or --selector: %w", err))
+	}
 	if o.workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers must be at least 1, got %d", o.workers))
 	}

@@ -10,11 +10,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
@@ -92,17 +94,18 @@ func planCommand(ctx context.Context, args []string, stdout, stderr io.Writer) i
 // planReport is a plan with what it compared.
 type planReport struct {
 	controller.Plan
-	Registry  string `json:"registry"`
-	Owner     string `json:"owner"`
-	Cluster   string `json:"cluster"`
-	Namespace string `json:"namespace,omitempty"`
+	Registry string `json:"registry"`
+	Owner    string `json:"owner"`
+	Cluster  string `json:"cluster"`
+	// Scope is the controller's --namespace and --selector, for people.
+	Scope string `json:"scope"`
 	// NoSchema says the registry has no schema yet: the controller makes it when it
 	// first starts, and every row is new.
 	NoSchema bool `json:"noSchema,omitempty"`
 }
 
 func makePlan(ctx context.Context, opts options) (planReport, error) {
-	report := planReport{Owner: opts.owner, Namespace: opts.namespace}
+	report := planReport{Owner: opts.owner, Scope: opts.scope.String()}
 	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
 	if err != nil {
 		return report, fmt.Errorf("build client config: %w", err)
@@ -124,33 +127,59 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	report.Registry, report.Cluster = rows.String(), cluster
 	_, report.NoSchema = rows.(noSchema)
 
-	var all []*studentv1.Student
-	list := metav1.ListOptions{Limit: 500}
-	for {
-		page, err := students.BolingcavalryV1().Students(opts.namespace).List(ctx, list)
-		if err != nil {
-			return report, fmt.Errorf("list Students: %w", err)
-		}
-		for i := range page.Items {
-			all = append(all, &page.Items[i])
-		}
-		if list.Continue = page.Continue; list.Continue == "" {
-			break
-		}
+	all, err := listStudents(ctx, students, opts.scope)
+	if err != nil {
+		return report, err
 	}
 	report.Plan, err = controller.PlanFor(ctx, rows, controller.PlanScope{
-		Owner: opts.owner, Namespace: opts.namespace,
+		Owner: opts.owner, Scope: opts.scope,
 		SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent, NoSweep: opts.sweepInterval == 0,
+		Exists: func(ctx context.Context, row registry.Record) (bool, error) {
+			s, err := students.BolingcavalryV1().Students(row.Namespace).Get(ctx, row.Name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				return false, nil
+			case err != nil:
+				return false, fmt.Errorf("ask whether Student %s/%s is there: %w", row.Namespace, row.Name, err)
+			}
+			return string(s.UID) == row.UID, nil
+		},
 	}, all)
 	return report, err
 }
 
-func printPlan(w io.Writer, r planReport) {
-	scope := "all namespaces"
-	if r.Namespace != "" {
-		scope = "namespace " + r.Namespace
+// listStudents lists the Students of scope, as the controller's informers ask for
+// them: the API server filters by namespace and labels.
+func listStudents(ctx context.Context, client versioned.Interface, scope controller.Scope) ([]*studentv1.Student, error) {
+	namespaces := scope.Namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
 	}
-	fmt.Fprintf(w, "Registry %s, owner %q, cluster %s, %s: %d Students, %d rows of the owner", r.Registry, r.Owner, r.Cluster, scope, r.Students, r.Rows)
+	list := metav1.ListOptions{Limit: 500}
+	if scope.Labeled() {
+		list.LabelSelector = scope.Selector.String()
+	}
+	var all []*studentv1.Student
+	for _, ns := range namespaces {
+		list.Continue = ""
+		for {
+			page, err := client.BolingcavalryV1().Students(ns).List(ctx, list)
+			if err != nil {
+				return nil, fmt.Errorf("list Students: %w", err)
+			}
+			for i := range page.Items {
+				all = append(all, &page.Items[i])
+			}
+			if list.Continue = page.Continue; list.Continue == "" {
+				break
+			}
+		}
+	}
+	return all, nil
+}
+
+func printPlan(w io.Writer, r planReport) {
+	fmt.Fprintf(w, "Registry %s, owner %q, cluster %s, %s: %d Students, %d rows of the owner", r.Registry, r.Owner, r.Cluster, r.Scope, r.Students, r.Rows)
 	if r.NoSchema {
 		fmt.Fprint(w, " (the registry has no schema yet: the controller makes it when it first starts)")
 	}

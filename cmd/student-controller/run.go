@@ -66,7 +66,7 @@ func run(ctx context.Context, opts options) error {
 		return err // nil: stopped before the registry answered
 	}
 	defer closeRegistry()
-	logger.Info("Registry open", "registry", reg.String(), "owner", opts.owner, "readOnly", opts.dryRun)
+	logger.Info("Registry open", "registry", reg.String(), "owner", opts.owner, "readOnly", opts.dryRun, "scope", opts.scope.String())
 
 	// controller-runtime's registry already carries client-go's REST client and leader
 	// election metrics; the process's, the Go runtime's, the workqueue's and the
@@ -87,7 +87,7 @@ func run(ctx context.Context, opts options) error {
 		leading = func() error { return errDryRun }
 	}
 	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
-		Namespace:    opts.namespace,
+		Scope:        opts.scope,
 		ResyncPeriod: opts.resyncPeriod,
 		Config: controller.Config{
 			Owner:                   opts.owner,

@@ -6,11 +6,18 @@ import (
 	"maps"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
+	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned/fake"
@@ -18,9 +25,9 @@ import (
 
 // decoded returns a Student as the informer gets it: decoded from JSON, so that no
 // string shares memory with another object's.
-func decoded(t *testing.T, name string) *studentv1.Student {
+func decoded(t *testing.T, name string, opts ...studentOption) *studentv1.Student {
 	t.Helper()
-	s := newStudent(name)
+	s := newStudent(name, opts...)
 	s.Finalizers = []string{Finalizer}
 	s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate}}
 	s.Status.Conditions = []metav1.Condition{ready()}
@@ -74,29 +81,101 @@ func TestTrimForCache(t *testing.T) {
 	}
 }
 
-// TestInformerFactory: the Student informer trims what it caches and keeps no index.
-func TestInformerFactory(t *testing.T) {
-	s := decoded(t, "a")
-	client := fake.NewSimpleClientset(s)
-	factory := NewInformerFactory(client, s.Namespace, 0)
-	informer := factory.Bolingcavalry().V1().Students()
-	if indexers := informer.Informer().GetIndexer().GetIndexers(); len(indexers) != 0 {
-		t.Errorf("informer indexes %v; want no index", slices.Collect(maps.Keys(indexers)))
-	}
-	ctx, stop := context.WithCancel(t.Context())
-	defer factory.Shutdown()
-	defer stop()
-	factory.Start(ctx.Done())
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			t.Fatalf("%v cache did not sync", typ)
+// TestInformers: the informers of a scope cache its Students alone, trimmed and with no
+// index; their lister finds each by key and lists them all.
+func TestInformers(t *testing.T) {
+	in := func(ns string, labels ...string) studentOption {
+		return func(s *studentv1.Student) {
+			s.Namespace, s.UID = ns, types.UID(ns+"-"+s.Name)
+			if len(labels) == 2 {
+				s.Labels = map[string]string{labels[0]: labels[1]}
+			}
 		}
 	}
-	cached, err := informer.Lister().Students(s.Namespace).Get(s.Name)
-	if err != nil {
-		t.Fatal(err)
+	objects := []runtime.Object{decoded(t, "a"), decoded(t, "b", in("college")), decoded(t, "c", in("other")),
+		decoded(t, "d", in("school", "team", "x")), decoded(t, "e", in("college", "team", "y"))}
+	tests := map[string]struct {
+		namespaces, selector string
+		want                 []string
+	}{
+		"all":                                    {want: []string{"college/b", "college/e", "other/c", "school/a", "school/d"}},
+		"one namespace":                          {namespaces: "school", want: []string{"school/a", "school/d"}},
+		"two namespaces":                         {namespaces: "school,college", want: []string{"college/b", "college/e", "school/a", "school/d"}},
+		"two namespaces and a selector":          {namespaces: "college, school", selector: "team", want: []string{"college/e", "school/d"}},
+		"every namespace, a selector":            {selector: "team=x", want: []string{"school/d"}},
+		"a selector that excludes a label value": {selector: "team!=x", want: []string{"college/b", "college/e", "other/c", "school/a"}},
 	}
-	if cached.ManagedFields != nil || cached.Spec != s.Spec {
-		t.Errorf("cached %+v; want the Student without managedFields", cached)
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			scope, err := ParseScope(tc.namespaces, tc.selector)
+			if err != nil {
+				t.Fatal(err)
+			}
+			informers := NewInformers(fake.NewSimpleClientset(objects...), scope, 0)
+			for _, i := range informers.informers {
+				if indexers := i.GetIndexer().GetIndexers(); len(indexers) != 0 {
+					t.Errorf("informer indexes %v; want no index", slices.Collect(maps.Keys(indexers)))
+				}
+			}
+			ctx, stop := context.WithCancel(t.Context())
+			defer informers.Shutdown()
+			defer stop()
+			informers.Start(ctx.Done())
+			if !cache.WaitForCacheSync(ctx.Done(), informers.HasSynced) {
+				t.Fatal("the caches did not sync")
+			}
+			lister := informers.Lister()
+			list, err := lister.List(labels.Everything())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, s := range list {
+				got = append(got, s.Namespace+"/"+s.Name)
+				if s.ManagedFields != nil {
+					t.Errorf("cached %s/%s with managedFields; want them trimmed", s.Namespace, s.Name)
+				}
+			}
+			slices.Sort(got)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("cached Students (-want +got):\n%s", diff)
+			}
+			for _, o := range objects {
+				s := o.(*studentv1.Student)
+				key := s.Namespace + "/" + s.Name
+				_, err := lister.Students(s.Namespace).Get(s.Name)
+				if cached := slices.Contains(tc.want, key); cached && err != nil || !cached && !apierrors.IsNotFound(err) {
+					t.Errorf("Get %s: %v; want it found only when in scope, NotFound otherwise", key, err)
+				}
+			}
+		})
+	}
+}
+
+// TestParseScope: --namespace and --selector as the controller reads them.
+func TestParseScope(t *testing.T) {
+	tests := map[string]struct {
+		namespaces, selector string
+		want                 string // Scope.String, or the error
+	}{
+		"none":                    {want: "all namespaces"},
+		"one":                     {namespaces: "school", want: "namespace school"},
+		"several, sorted, unique": {namespaces: "school, college,school", want: "namespaces college, school"},
+		"a selector":              {namespaces: "school", selector: "team in (a,b),!retired", want: "namespace school, labels !retired,team in (a,b)"},
+		"commas alone":            {namespaces: " , ", want: `namespaces " , " name none`},
+		"a bad name":              {namespaces: "school,Big_School", want: `namespace "Big_School": a lowercase RFC 1123 label`},
+		"a bad selector":          {selector: "team in (a", want: `label selector "team in (a"`},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			scope, err := ParseScope(tc.namespaces, tc.selector)
+			got := scope.String()
+			if err != nil {
+				got = err.Error()
+			}
+			if !strings.HasPrefix(got, tc.want) {
+				t.Errorf("ParseScope(%q, %q) = %q; want %q", tc.namespaces, tc.selector, got, tc.want)
+			}
+		})
 	}
 }

@@ -24,7 +24,6 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
-	informers "github.com/student-controller/student-controller/pkg/generated/informers/externalversions/bolingcavalry/v1"
 	listers "github.com/student-controller/student-controller/pkg/generated/listers/bolingcavalry/v1"
 )
 
@@ -64,10 +63,11 @@ type Config struct {
 	// UID). When set, every sweep first checks that the registry binds Owner to it, and
 	// the controller stops if not: another cluster's controller took the owner over.
 	Cluster string
-	// Namespace is the one namespace whose Students the controller watches; all when
-	// empty. The sweep compares only the owner's rows of that namespace: a row of
-	// another namespace is outside its scope, never an orphan of it.
-	Namespace string
+	// Scope is which Students the controller watches (NewWiring sets it to the
+	// informers'). The sweep compares only the owner's rows of its namespaces, and with
+	// a label selector lets go of a row only once the API server has no Student of it:
+	// a row outside the scope is never an orphan of this controller.
+	Scope Scope
 	// SweepInterval is how often the registry is compared with the Students; 0 turns the
 	// periodic sweep off.
 	SweepInterval time.Duration
@@ -139,9 +139,9 @@ func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 	)
 }
 
-// New returns a Controller over the Students that informer watches. It starts
+// New returns a Controller over the Students that informers watch. It starts
 // nothing: call Run.
-func New(ctx context.Context, client versioned.Interface, informer informers.StudentInformer,
+func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	reg Registry, recorder record.EventRecorder, cfg Config) (*Controller, error) {
 	if cfg.Owner == "" {
 		return nil, errors.New("the registry owner must not be empty")
@@ -165,8 +165,8 @@ func New(ctx context.Context, client versioned.Interface, informer informers.Stu
 		reg = timedRegistry{Registry: reg, m: cfg.Metrics}
 	}
 	c := &Controller{
-		lister: informer.Lister(),
-		synced: informer.Informer().HasSynced,
+		lister: informers.Lister(),
+		synced: informers.HasSynced,
 		rows:   reg,
 		getStudent: func(ctx context.Context, namespace, name string) (*studentv1.Student, error) {
 			return client.BolingcavalryV1().Students(namespace).Get(ctx, name, metav1.GetOptions{})
@@ -181,7 +181,7 @@ func New(ctx context.Context, client versioned.Interface, informer informers.Stu
 		c.clock = clock.RealClock{}
 	}
 	logger := klog.FromContext(ctx)
-	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	err := informers.addEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.enqueue(logger, obj) },
 		UpdateFunc: func(oldObj, newObj any) { c.enqueueUpdate(logger, oldObj, newObj) },
 		DeleteFunc: func(obj any) { c.enqueue(logger, obj) },

@@ -108,7 +108,7 @@ func (c *Controller) Plan(ctx context.Context) (Plan, error) {
 		return Plan{}, err
 	}
 	return PlanFor(ctx, c.rows, PlanScope{
-		Owner: c.cfg.Owner, Namespace: c.cfg.Namespace,
+		Owner: c.cfg.Owner, Scope: c.cfg.Scope, Exists: c.studentExists,
 		SweepMaxDeletions: c.cfg.SweepMaxDeletions, SweepMaxDeletionPercent: c.cfg.SweepMaxDeletionPercent,
 		NoSweep: c.cfg.SweepInterval == 0,
 	}, students)

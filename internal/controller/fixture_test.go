@@ -22,7 +22,6 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned/fake"
-	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
 )
 
 const owner = "test-controller"
@@ -32,15 +31,15 @@ var start = time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 // fixture is a controller over a fake clientset and a real SQLite registry. Its
 // informer is never started: tests put objects in its cache, as a watch would.
 type fixture struct {
-	t        testing.TB
-	ctx      context.Context
-	client   *fake.Clientset
-	factory  externalversions.SharedInformerFactory
-	registry *registry.Registry
-	recorder *record.FakeRecorder
-	clock    *testingclock.FakeClock
-	metrics  *Metrics
-	ctrl     *Controller
+	t         testing.TB
+	ctx       context.Context
+	client    *fake.Clientset
+	informers *Informers
+	registry  *registry.Registry
+	recorder  *record.FakeRecorder
+	clock     *testingclock.FakeClock
+	metrics   *Metrics
+	ctrl      *Controller
 	// dbPath is the registry's SQLite file, for writes past the registry.
 	dbPath string
 }
@@ -60,8 +59,8 @@ func newFixture(t testing.TB, students ...*studentv1.Student) *fixture {
 	// NewClientset tracks managed fields, which it cannot do for CRDs
 	// (kubernetes/kubernetes#126850); the controller does not use server-side apply.
 	f.client = fake.NewSimpleClientset()
-	f.factory = NewInformerFactory(f.client, "", 0)
-	f.ctrl, err = New(ctx, f.client, f.factory.Bolingcavalry().V1().Students(), f.registry, f.recorder,
+	f.informers = NewInformers(f.client, Scope{}, 0)
+	f.ctrl, err = New(ctx, f.client, f.informers, f.registry, f.recorder,
 		Config{Owner: owner, SweepMaxDeletions: 2, Clock: f.clock, Metrics: f.metrics})
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +90,7 @@ func (f *fixture) put(rows ...registry.Record) {
 // watch would deliver it.
 func (f *fixture) observe(namespace, name string) {
 	f.t.Helper()
-	indexer := f.factory.Bolingcavalry().V1().Students().Informer().GetIndexer()
+	indexer := f.informers.Store(namespace)
 	s, err := f.client.BolingcavalryV1().Students(namespace).Get(f.ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		old, exists, _ := indexer.GetByKey(namespace + "/" + name)

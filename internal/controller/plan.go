@@ -201,16 +201,20 @@ func ownedBy(r registry.Record) string {
 	return fmt.Sprintf("owned by %q", r.Owner)
 }
 
-// PlanScope is what a plan compares: whose rows, of which namespace, and the sweep's
+// PlanScope is what a plan compares: whose rows, of which Students, and the sweep's
 // bound.
 type PlanScope struct {
 	Owner string
-	// Namespace limits the rows to those of one namespace (the controller's
-	// --namespace); all when empty. The Students given must be of the same scope.
-	Namespace                                  string
+	// Scope limits the rows to those of its namespaces (the controller's --namespace);
+	// the Students given must be those of the Scope.
+	Scope                                      Scope
 	SweepMaxDeletions, SweepMaxDeletionPercent int
 	// NoSweep says the controller does not sweep (--sweep-interval=0).
 	NoSweep bool
+	// Exists asks the API server whether a row's Student is there. With a label
+	// selector it is asked of each owned row whose Student is not among those given:
+	// a Student there outside the selector keeps its row, out of scope.
+	Exists func(ctx context.Context, row registry.Record) (bool, error)
 }
 
 // PlanFor reads what ComputePlan compares from the registry, only reading: the rows
@@ -223,12 +227,20 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 	if err != nil {
 		return Plan{}, err
 	}
-	// Every row the owner holds, of any namespace, before rowsOf filters owned in place.
+	// Every row the owner holds, of any namespace, before rowsIn filters owned in place.
 	held := make(map[string]bool, len(owned)+len(malformed))
 	for _, r := range owned {
 		held[r.UID] = true
 	}
-	in.Rows = rowsOf(scope.Namespace, owned)
+	in.Rows = scope.Scope.rowsIn(owned)
+	if scope.Scope.Labeled() {
+		if scope.Exists == nil {
+			return Plan{}, errors.New("a plan with a label selector needs PlanScope.Exists")
+		}
+		if in.Rows, err = withoutOutOfScope(ctx, in.Rows, students, scope.Exists); err != nil {
+			return Plan{}, err
+		}
+	}
 	for _, m := range malformed {
 		held[m.UID] = true
 		in.Malformed = append(in.Malformed, m)
@@ -252,4 +264,28 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 		}
 	}
 	return ComputePlan(in), nil
+}
+
+// withoutOutOfScope drops the rows whose Student is not among students but exists:
+// outside the label selector.
+func withoutOutOfScope(ctx context.Context, rows []registry.Record, students []*studentv1.Student,
+	exists func(context.Context, registry.Record) (bool, error)) ([]registry.Record, error) {
+	given := make(map[types.UID]bool, len(students))
+	for _, s := range students {
+		given[s.UID] = true
+	}
+	kept := rows[:0]
+	for _, r := range rows {
+		if !given[types.UID(r.UID)] {
+			live, err := exists(ctx, r)
+			if err != nil {
+				return nil, err
+			}
+			if live {
+				continue
+			}
+		}
+		kept = append(kept, r)
+	}
+	return kept, nil
 }

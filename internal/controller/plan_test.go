@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/student-controller/student-controller/internal/registry"
@@ -227,4 +229,72 @@ func (f *fixture) historySince(id int64) []string {
 		f.t.Fatal(err)
 	}
 	return out
+}
+
+// TestPlanWithSelector: with a label selector, the rows of Students outside it (the API
+// server has them, the scope does not) are neither orphans nor part of the rows the
+// sweep's bound is a share of, in the plan as in the sweep; a row whose Student is gone
+// is let go by both, and a plan refuses when the bound would.
+func TestPlanWithSelector(t *testing.T) {
+	blue := func(s *studentv1.Student) { s.Labels = map[string]string{"team": "blue"} }
+	tests := map[string]struct {
+		gone         []string
+		wantActions  []string
+		wantRefused  bool
+		wantRows     int
+		wantOrphans  int
+		wantLeftRows int // after the sweep
+	}{
+		"one gone": {gone: []string{"gone"}, wantActions: []string{"delete gone"}, wantRows: 2, wantOrphans: 1, wantLeftRows: 3},
+		"two gone, bound one": {gone: []string{"gone", "gone-too"}, wantActions: []string{"refuse gone", "refuse gone-too"},
+			wantRefused: true, wantRows: 3, wantOrphans: 2, wantLeftRows: 5},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			// In scope: a. Out of it, there: red, plain (not cached, as the API server
+			// sends only blue ones). Gone: tc.gone.
+			f := newFixture(t, newStudent("a", blue, withFinalizer, synced(start)))
+			for _, s := range []*studentv1.Student{newStudent("red"), newStudent("plain")} {
+				if _, err := f.client.BolingcavalryV1().Students(s.Namespace).Create(f.ctx, s, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rows := []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("red")), recordOf(owner, newStudent("plain"))}
+			for _, name := range tc.gone {
+				rows = append(rows, recordOf(owner, newStudent(name)))
+			}
+			f.put(rows...)
+			scope, err := ParseScope("", "team=blue")
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.ctrl.cfg.Scope = scope
+			f.ctrl.cfg.SweepMaxDeletions, f.ctrl.cfg.SweepInterval = 100, time.Minute
+			plan, err := f.ctrl.Plan(f.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, a := range plan.Actions {
+				got = append(got, a.Action+" "+a.Name)
+			}
+			if diff := cmp.Diff(tc.wantActions, got); diff != "" {
+				t.Errorf("plan (-want +got):\n%s", diff)
+			}
+			if plan.Rows != tc.wantRows || plan.Orphans != tc.wantOrphans || plan.SweepRefused != tc.wantRefused {
+				t.Errorf("plan: %d rows, %d orphans, refused %v; want %d, %d, %v", plan.Rows, plan.Orphans, plan.SweepRefused,
+					tc.wantRows, tc.wantOrphans, tc.wantRefused)
+			}
+			result, err := f.ctrl.Sweep(f.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if result.Rows != plan.Rows || result.Orphans != plan.Orphans || result.Refused != plan.SweepRefused {
+				t.Errorf("the sweep: %+v; the plan said %d rows, %d orphans, refused %v", result, plan.Rows, plan.Orphans, plan.SweepRefused)
+			}
+			if left := len(f.rows()); left != tc.wantLeftRows {
+				t.Errorf("rows after the sweep: %d, want %d", left, tc.wantLeftRows)
+			}
+		})
+	}
 }

@@ -12,19 +12,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
-	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
-	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
-	studentinformers "github.com/student-controller/student-controller/pkg/generated/informers/externalversions/bolingcavalry/v1"
-	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions/internalinterfaces"
 )
 
 // Wiring is a Controller with what it runs on: the clients, the Event recorder and
-// the informer factory. NewWiring is the one place that builds them, for the binary and
+// the informers. NewWiring is the one place that builds them, for the binary and
 // for the tests alike.
 type Wiring struct {
 	// KubeClient reaches the built-in APIs (Events, the leader election Lease).
@@ -34,14 +29,14 @@ type Wiring struct {
 	// Controller is the Student controller, not yet running.
 	Controller *Controller
 
-	factory     externalversions.SharedInformerFactory
+	informers   *Informers
 	broadcaster record.EventBroadcaster
 }
 
 // WiringOptions say what the Controller watches, on top of its Config.
 type WiringOptions struct {
-	// Namespace limits the Controller to one namespace; all when empty.
-	Namespace string
+	// Scope limits the Controller to some namespaces and labels; all when zero.
+	Scope Scope
 	// ResyncPeriod replays every cached Student this often; 0 never.
 	ResyncPeriod time.Duration
 	// Config tunes the Controller.
@@ -49,7 +44,7 @@ type WiringOptions struct {
 }
 
 // NewWiring builds the clients from restConfig (given the controller's user agent), the
-// Event recorder, the informer factory and the Controller over reg. It starts nothing
+// Event recorder, the informers and the Controller over reg. It starts nothing
 // but the recorder: call Start, then Controller.Run, and Shutdown when done.
 func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts WiringOptions) (*Wiring, error) {
 	cfg := rest.CopyConfig(restConfig)
@@ -62,11 +57,11 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 	if err != nil {
 		return nil, fmt.Errorf("build Student client: %w", err)
 	}
-	w := &Wiring{KubeClient: kubeClient, factory: NewInformerFactory(studentClient, opts.Namespace, opts.ResyncPeriod)}
+	w := &Wiring{KubeClient: kubeClient, informers: NewInformers(studentClient, opts.Scope, opts.ResyncPeriod)}
 	w.broadcaster, w.Recorder = NewEventRecorder(ctx, kubeClient.CoreV1())
 	config := opts.Config
-	config.Namespace = opts.Namespace // the sweep's scope is the watch's
-	w.Controller, err = New(ctx, studentClient, w.factory.Bolingcavalry().V1().Students(), reg, w.Recorder, config)
+	config.Scope = opts.Scope // the sweep's scope is the watch's
+	w.Controller, err = New(ctx, studentClient, w.informers, reg, w.Recorder, config)
 	if err != nil {
 		w.broadcaster.Shutdown()
 		return nil, err
@@ -76,12 +71,12 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 
 // Start starts the informers. They run on every replica, leader or not, so that a
 // standby takes over with a warm cache.
-func (w *Wiring) Start(ctx context.Context) { w.factory.Start(ctx.Done()) }
+func (w *Wiring) Start(ctx context.Context) { w.informers.Start(ctx.Done()) }
 
 // Shutdown waits for the informers to stop (after Start's ctx is done) and stops the
 // Event recorder.
 func (w *Wiring) Shutdown() {
-	w.factory.Shutdown()
+	w.informers.Shutdown()
 	w.broadcaster.Shutdown()
 }
 
@@ -108,21 +103,4 @@ func NewEventRecorder(ctx context.Context, client typedcorev1.EventsGetter) (rec
 	broadcaster.StartStructuredLogging(4)
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.Events("")})
 	return broadcaster, broadcaster.NewRecorder(scheme, corev1.EventSource{Component: Name})
-}
-
-// NewInformerFactory returns the informer factory the controller's Student informer
-// comes from: Students of namespace (all when empty), resynced every resync, trimmed
-// by TrimForCache before they enter the cache.
-//
-// The informer has no namespace index, which the generated one would add: the
-// controller looks Students up by key and lists them all, never by namespace, and the
-// index would hold a second set of every key.
-func NewInformerFactory(client versioned.Interface, namespace string, resync time.Duration) externalversions.SharedInformerFactory {
-	// The namespace goes to the informer below, the only one the factory makes.
-	f := externalversions.NewSharedInformerFactoryWithOptions(client, resync, externalversions.WithTransform(TrimForCache))
-	f.InformerFor(&studentv1.Student{}, func(c versioned.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return studentinformers.NewTypedStudentInformerWithOptions(c, namespace,
-			internalinterfaces.InformerOptions{ResyncPeriod: resync, InformerName: f.InformerName()})
-	})
-	return f
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -97,7 +96,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
 	}
 	c.reportMalformed(logger, malformed)
-	rows = c.inScope(rows)
+	rows = c.cfg.Scope.rowsIn(rows)
 	students, err := c.lister.List(labels.Everything())
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
@@ -112,14 +111,23 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		// The next leader's sweep does it, or this one's once it has renewed.
 		return result, fmt.Errorf("sweep: %w", err)
 	}
-	if bound := c.sweepBound(len(rows)); len(plan.Orphans) > bound {
+	if c.cfg.Scope.Labeled() && len(plan.Orphans) > 0 {
+		// A row's Student may be there with labels outside the selector: out of scope,
+		// neither an orphan nor one of the rows the guard's share is of (as plan counts).
+		var err error
+		if plan.Orphans, err = c.withoutLive(ctx, plan.Orphans, &result); err != nil {
+			return result, err
+		}
+		result.Rows -= result.Live
+	}
+	if bound := c.sweepBound(result.Rows); len(plan.Orphans) > bound {
 		result.Refused = true
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
 			"more than it lets go at once (%d). A controller that watches the wrong cluster or namespaces, or a Student CRD "+
 			"deleted or not yet served, looks like this. Nothing was deleted or released; the rows stay until their "+
 			"Students are seen again. If those Students really are gone, let their rows go by hand: delete the rows whose "+
-			"deletion_policy is Delete, and release the others (owner NULL, released_at now)", len(plan.Orphans), len(rows), bound)
-		logger.Error(nil, msg, "orphans", len(plan.Orphans), "rows", len(rows), "bound", bound, "students", len(students))
+			"deletion_policy is Delete, and release the others (owner NULL, released_at now)", len(plan.Orphans), result.Rows, bound)
+		logger.Error(nil, msg, "orphans", len(plan.Orphans), "rows", result.Rows, "bound", bound, "students", len(students))
 		if c.cfg.SweepEventTarget != nil {
 			c.write.warn(c.cfg.SweepEventTarget, EventSweepRefused, msg)
 		}
@@ -129,7 +137,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	var errs []error
 	for _, row := range plan.Orphans {
 		// The cache may be behind the API server; a row is deleted only when the API
-		// server, asked now, has no Student of its UID.
+		// server, asked now (again, with a selector), has no Student of its UID.
 		live, err := c.studentExists(ctx, row)
 		if err != nil {
 			errs = append(errs, err)
@@ -173,22 +181,6 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	return result, nil
 }
 
-// inScope keeps the rows of the Students this controller watches: with
-// Config.Namespace, those of that namespace. A row outside the scope belongs to
-// whichever controller watches its namespace; its Student is not in this cache, and
-// taking it for an orphan would let go of a row that is not this controller's to judge.
-func (c *Controller) inScope(rows []registry.Record) []registry.Record {
-	return rowsOf(c.cfg.Namespace, rows)
-}
-
-// rowsOf keeps the rows of namespace, or all when it is empty.
-func rowsOf(namespace string, rows []registry.Record) []registry.Record {
-	if namespace == "" {
-		return rows
-	}
-	return slices.DeleteFunc(rows, func(r registry.Record) bool { return r.Namespace != namespace })
-}
-
 // sweepBound is the most orphan rows one sweep lets go of, out of the rows the owner
 // holds: SweepMaxDeletions, and SweepMaxDeletionPercent of them (at least one).
 func (c *Controller) sweepBound(rows int) int {
@@ -199,6 +191,25 @@ func (c *Controller) sweepBound(rows int) int {
 // least one).
 func sweepBound(most, percent, rows int) int {
 	return min(most, max(1, rows*percent/100))
+}
+
+// withoutLive keeps the orphans by the cache whose Students the API server does not
+// have, and counts the others in result.Live.
+func (c *Controller) withoutLive(ctx context.Context, orphans []registry.Record, result *SweepResult) ([]registry.Record, error) {
+	var gone []registry.Record
+	for _, row := range orphans {
+		live, err := c.studentExists(ctx, row)
+		if err != nil {
+			return nil, err
+		}
+		if live {
+			result.Live++
+			continue
+		}
+		gone = append(gone, row)
+	}
+	result.Orphans = len(gone)
+	return gone, nil
 }
 
 // studentExists asks the API server whether the Student of a row exists: by the

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -87,7 +88,7 @@ func TestSweep(t *testing.T) {
 		wantQueued  []string
 		wantEvents  []string
 		eventTarget *corev1.ObjectReference
-		namespace   string // Config.Namespace: the one namespace the controller watches
+		scope       string // Config.Scope: --namespace, then --selector, split by a space
 	}{
 		"orphan deleted, foreign row kept, missing row queued": {
 			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
@@ -151,12 +152,33 @@ func TestSweep(t *testing.T) {
 			wantRows:   []string{"uid-a", "uid-b", "uid-kept"},
 		},
 		"a namespaced controller: a row of another namespace is outside its scope, never an orphan": {
-			namespace: "school",
-			students:  []*studentv1.Student{newStudent("a"), newStudent("b")},
+			scope:    "school",
+			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
 			rows: []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b")),
 				recordOf(owner, newStudent("elsewhere", func(s *studentv1.Student) { s.Namespace = "other" }))},
 			wantResult: SweepResult{Rows: 2},
 			wantRows:   []string{"uid-a", "uid-b", "uid-elsewhere"},
+		},
+		"several namespaces: the rows of each are compared, a row of another namespace is left": {
+			scope:    "school,college",
+			students: []*studentv1.Student{newStudent("a"), newStudent("b", inNamespace("college"))},
+			rows: []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b", inNamespace("college"))),
+				recordOf(owner, newStudent("c", inNamespace("college"))), recordOf(owner, newStudent("d")),
+				recordOf(owner, newStudent("elsewhere", inNamespace("other")))},
+			wantResult: SweepResult{Rows: 4, Orphans: 2, Deleted: 2},
+			wantRows:   []string{"uid-a", "uid-b", "uid-elsewhere"},
+		},
+		// The API server sends only the Students whose labels match; the others are there,
+		// and so are the rows the controller wrote for them while they matched.
+		"a label selector: the rows of Students outside it are kept and not counted against the bound": {
+			scope:    " team=a",
+			students: []*studentv1.Student{newStudent("a", labeled("team", "a"))},
+			notCached: []*studentv1.Student{newStudent("x", labeled("team", "b")), newStudent("y"),
+				newStudent("z", labeled("team", "b"))},
+			rows: []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("x")),
+				recordOf(owner, newStudent("y")), recordOf(owner, newStudent("z")), recordOf(owner, newStudent("gone"))},
+			wantResult: SweepResult{Rows: 2, Orphans: 1, Deleted: 1, Live: 3},
+			wantRows:   []string{"uid-a", "uid-x", "uid-y", "uid-z"},
 		},
 		"a row written before policies were recorded is released": {
 			students:   []*studentv1.Student{newStudent("a"), newStudent("b")},
@@ -174,7 +196,12 @@ func TestSweep(t *testing.T) {
 				}
 			}
 			f.ctrl.cfg.SweepEventTarget = tc.eventTarget
-			f.ctrl.cfg.Namespace = tc.namespace
+			namespaces, selector, _ := strings.Cut(tc.scope, " ")
+			scope, err := ParseScope(namespaces, selector)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.ctrl.cfg.Scope = scope
 			f.put(tc.rows...)
 			got, err := f.ctrl.Sweep(f.ctx)
 			if err != nil {
@@ -204,6 +231,14 @@ func TestSweep(t *testing.T) {
 			}
 		})
 	}
+}
+
+func inNamespace(ns string) func(*studentv1.Student) {
+	return func(s *studentv1.Student) { s.Namespace = ns }
+}
+
+func labeled(key, value string) func(*studentv1.Student) {
+	return func(s *studentv1.Student) { s.Labels = map[string]string{key: value} }
 }
 
 func unknownPolicy(r registry.Record) registry.Record {

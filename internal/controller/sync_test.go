@@ -648,7 +648,7 @@ func TestNotLeading(t *testing.T) {
 	// Config.Leading is what New hands to the write path.
 	t.Run("config", func(t *testing.T) {
 		f := newFixture(t, newStudent("a"))
-		c, err := New(f.ctx, f.client, f.factory.Bolingcavalry().V1().Students(), f.registry, f.recorder,
+		c, err := New(f.ctx, f.client, f.informers, f.registry, f.recorder,
 			Config{Owner: owner, Leading: func() error { return errors.New("not yet") }})
 		if err != nil {
 			t.Fatal(err)

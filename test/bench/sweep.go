@@ -78,9 +78,8 @@ func measureSweep(ctx context.Context, n int, name, url string) (sweepResult, er
 
 	const owner = "bench-sweep"
 	client := fake.NewClientset()
-	factory := controller.NewInformerFactory(client, "", 0)
-	informer := factory.Bolingcavalry().V1().Students()
-	ctrl, err := controller.New(ctx, client, informer, reg, &record.FakeRecorder{}, controller.Config{Owner: owner})
+	informers := controller.NewInformers(client, controller.Scope{}, 0)
+	ctrl, err := controller.New(ctx, client, informers, reg, &record.FakeRecorder{}, controller.Config{Owner: owner})
 	if err != nil {
 		return res, err
 	}
@@ -96,7 +95,7 @@ func measureSweep(ctx context.Context, n int, name, url string) (sweepResult, er
 		}, registry.Why{Cause: "test"}); err != nil {
 			return err
 		}
-		return informer.Informer().GetIndexer().Add(s)
+		return informers.Store(s.Namespace).Add(s)
 	})
 	if err != nil {
 		return res, err

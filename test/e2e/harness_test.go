@@ -184,7 +184,8 @@ type running struct {
 
 type controllerOptions struct {
 	registryURL   string
-	namespace     string
+	namespace     string // --namespace: one, or several separated by commas
+	selector      string // --selector
 	sweepInterval time.Duration
 	resync        time.Duration
 }
@@ -203,8 +204,12 @@ func startController(t *testing.T, opts controllerOptions) *running {
 	}
 	counting := &countingRegistry{Registry: reg}
 	metrics := prometheus.NewRegistry()
+	scope, err := controller.ParseScope(opts.namespace, opts.selector)
+	if err != nil {
+		t.Fatal(err)
+	}
 	wiring, err := controller.NewWiring(ctx, cfg, counting, controller.WiringOptions{
-		Namespace:    opts.namespace,
+		Scope:        scope,
 		ResyncPeriod: opts.resync,
 		Config: controller.Config{
 			Owner: owner, SweepInterval: opts.sweepInterval, SweepMaxDeletions: 10,

@@ -66,7 +66,7 @@ func TestRelist(t *testing.T) {
 	t.Cleanup(func() { reg.Close() })
 	runCtx, cancel := context.WithCancel(klog.NewContext(ctx, klog.Background().WithName(t.Name())))
 	wiring, err := controller.NewWiring(runCtx, cfg, reg, controller.WiringOptions{
-		Namespace: ns, Config: controller.Config{Owner: owner, SweepMaxDeletions: 10},
+		Scope: controller.Scope{Namespaces: []string{ns}}, Config: controller.Config{Owner: owner, SweepMaxDeletions: 10},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -313,37 +313,48 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 	}
 }
 
-// TestAdmissionPolicyScoped: a release that watches one namespace binds its admission
-// policy to that namespace alone: a Student elsewhere gets no finalizer that no
-// controller would ever remove (it would stay Terminating, and its namespace with it).
+// TestAdmissionPolicyScoped: a release that watches some namespaces and labels binds
+// its admission policy to that scope alone: a Student outside it gets no finalizer that
+// no controller would ever remove (it would stay Terminating, and its namespace with
+// it).
 func TestAdmissionPolicyScoped(t *testing.T) {
 	ctx := context.Background()
 	cp := controlplane.ForTest(t, controlplane.Options{WithoutAdmissionPolicy: true})
 	kube := kubernetes.NewForConfigOrDie(cp.Config)
 	stus := versioned.NewForConfigOrDie(cp.Config).BolingcavalryV1()
 	install := exec.Command(filepath.Join(cp.Root, "bin", "tools", "helm"), "install", "team-a", filepath.Join(cp.Root, "charts", "student-controller"),
-		"--namespace", "controllers-a", "--create-namespace", "--set", "watchNamespace=school-a", "--kubeconfig", cp.Kubeconfig)
+		"--namespace", "controllers-a", "--create-namespace", "--set", "watchNamespace={school-a,school-c}",
+		"--set", "watchSelector.matchLabels.team=blue", "--kubeconfig", cp.Kubeconfig)
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
-	for _, ns := range []string{"school-a", "school-b"} {
+	for _, ns := range []string{"school-a", "school-b", "school-c"} {
 		if err := testenv.EnsureNamespace(ctx, kube, ns); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// A new policy takes effect within moments: Students in the watched namespace show
-	// when it has.
+	student := func(team string) *studentv1.Student {
+		s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{GenerateName: "s-"}, Spec: studentv1.StudentSpec{Name: "A", School: "S"}}
+		if team != "" {
+			s.Labels = map[string]string{"team": team}
+		}
+		return s
+	}
+	// A new policy takes effect within moments: Students in the scope show when it has.
 	eventually(t, 30*time.Second, "the policy to put the finalizer on a Student of school-a", func(ctx context.Context) (bool, error) {
-		s, err := stus.Students("school-a").Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{GenerateName: "a-"},
-			Spec: studentv1.StudentSpec{Name: "A", School: "S"}}, metav1.CreateOptions{})
+		s, err := stus.Students("school-a").Create(ctx, student("blue"), metav1.CreateOptions{})
 		return err == nil && slices.Contains(s.Finalizers, "bolingcavalry.k8s.io/registry-row"), nil // errors: the CRD is new
 	})
-	s, err := stus.Students("school-b").Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Name: "b"},
-		Spec: studentv1.StudentSpec{Name: "B", School: "S"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(s.Finalizers) != 0 {
-		t.Errorf("a Student outside the release's namespace got finalizers %v", s.Finalizers)
+	for _, tc := range []struct {
+		namespace, team string
+		want            bool
+	}{{"school-c", "blue", true}, {"school-b", "blue", false}, {"school-a", "", false}, {"school-a", "red", false}} {
+		s, err := stus.Students(tc.namespace).Create(ctx, student(tc.team), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(s.Finalizers, "bolingcavalry.k8s.io/registry-row"); got != tc.want {
+			t.Errorf("a Student of %s labeled team=%q: finalizers %v, want the controller's: %v", tc.namespace, tc.team, s.Finalizers, tc.want)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -199,6 +200,91 @@ func TestUninstall(t *testing.T) {
 			list, err := u.students.BolingcavalryV1().Students(ns).List(ctx, metav1.ListOptions{})
 			if err != nil || len(list.Items) != want {
 				t.Errorf("Students in %s after uninstalling team-a: %d, %v; want %d", ns, len(list.Items), err, want)
+			}
+		}
+	})
+
+	// Two releases watching the same two namespaces, each the Students of one label:
+	// uninstalling one deletes the Students of its label alone. A flag the script
+	// cannot read stops it before it deletes anything.
+	t.Run("two namespaces, a label each", func(t *testing.T) {
+		u := newUninstallCluster(t)
+		ctx := context.Background()
+		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
+		for _, team := range []string{"a", "b"} {
+			install := exec.Command(helmBin, "install", "team-"+team, filepath.Join(u.cp.Root, "charts", "student-controller"),
+				"--namespace", "controllers-"+team, "--create-namespace", "--set", "admissionPolicy.enabled=false",
+				"--set", "registry.owner=team-"+team, "--set", "watchNamespace={school-a,school-b}",
+				"--set", "watchSelector.matchLabels.team="+team, "--kubeconfig", u.cp.Kubeconfig)
+			if out, err := install.CombinedOutput(); err != nil {
+				t.Fatalf("helm install: %v\n%s", err, out)
+			}
+			startProcess(t, "controller-"+team, "--kubeconfig", u.cp.Kubeconfig, "--registry", "sqlite://"+u.registry,
+				"--registry-owner", "team-"+team, "--namespace", "school-a,school-b", "--selector", "team="+team)
+		}
+		for _, ns := range []string{"school-a", "school-b"} {
+			if err := testenv.EnsureNamespace(ctx, u.kube, ns); err != nil {
+				t.Fatal(err)
+			}
+			for i, policy := range []studentv1.DeletionPolicy{"Delete", "Orphan", "Delete", "Orphan"} {
+				team := "a"
+				if i >= 2 {
+					team = "b"
+				}
+				s := newStudent(fmt.Sprintf("s-%d", i), "深圳中学", policy)
+				s.Labels = map[string]string{"team": team}
+				created, err := u.students.BolingcavalryV1().Students(ns).Create(ctx, s, metav1.CreateOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if s.Labels["team"] == "a" {
+					u.uids[string(created.UID)] = policy
+				}
+			}
+			waitAllReadyIn(t, u.students.BolingcavalryV1().Students(ns), 4, time.Minute)
+		}
+
+		overlay := t.TempDir()
+		base, err := filepath.Rel(overlay, filepath.Join(u.cp.Root, "config", "default"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources: [`+base+`]
+patches:
+  - target: {kind: Deployment, name: student-controller}
+    patch: '[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--selector"}, {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "team=a"}]'
+`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := u.uninstall("2m", "kustomize", overlay); exitCode(err) != 1 || !strings.Contains(out, "cannot read") {
+			t.Errorf("hack/uninstall.sh with --selector and its value apart: exit %d, want 1 and a refusal:\n%s", exitCode(err), out)
+		}
+
+		out, err := u.uninstall("2m", "helm", "team-a", "controllers-a")
+		if err != nil {
+			t.Fatalf("hack/uninstall.sh helm team-a: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "the Students labeled team=a of namespaces school-a, school-b") {
+			t.Errorf("hack/uninstall.sh output does not say what it did:\n%s", out)
+		}
+		for _, ns := range []string{"school-a", "school-b"} {
+			list, err := u.students.BolingcavalryV1().Students(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var left []string
+			for _, s := range list.Items {
+				left = append(left, s.Name+":"+s.Labels["team"])
+			}
+			if want := []string{"s-2:b", "s-3:b"}; !slices.Equal(left, want) {
+				t.Errorf("Students in %s after uninstalling team-a: %v, want %v", ns, left, want)
+			}
+		}
+		rows := rowsOf(t, u.db)
+		for uid, policy := range u.uids {
+			row, ok := rows[uid]
+			if policy == studentv1.DeletionPolicyDelete && ok || policy == studentv1.DeletionPolicyOrphan && (!ok || row.Owner != "") {
+				t.Errorf("row %s (%s) after the uninstall: %+v (there: %v)", uid, policy, row, ok)
 			}
 		}
 	})

@@ -30,3 +30,35 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* watchNamespace as the controller's --namespace: names separated by commas (a string
+of them, or a list), sorted, each once; empty for every namespace. */}}
+{{- define "student-controller.watchNamespaces" -}}
+{{- $given := .Values.watchNamespace | default list -}}
+{{- if not (kindIs "slice" $given) }}{{ $given = splitList "," (toString $given) }}{{ end -}}
+{{- $names := list -}}
+{{- range $given }}{{ with trim (toString .) }}{{ $names = append $names . }}{{ end }}{{ end -}}
+{{- $names | uniq | sortAlpha | join "," -}}
+{{- end -}}
+
+{{/* watchSelector (a label selector: matchLabels and matchExpressions) as the
+controller's --selector, which the admission policy's objectSelector matches too; empty
+for every Student. Anything else in it is refused, not ignored: the API server would
+drop it from the objectSelector and the policy would match every Student. */}}
+{{- define "student-controller.watchSelector" -}}
+{{- $terms := list -}}
+{{- with .Values.watchSelector -}}
+{{- range $key, $_ := . }}{{ if not (has $key (list "matchLabels" "matchExpressions")) }}{{ fail (printf "watchSelector: %q; want matchLabels and matchExpressions" $key) }}{{ end }}{{ end -}}
+{{- range $key, $value := .matchLabels }}{{ $terms = append $terms (printf "%s=%s" $key (toString $value)) }}{{ end -}}
+{{- range .matchExpressions -}}
+{{- $values := list }}{{ range .values }}{{ $values = append $values (toString .) }}{{ end -}}
+{{- if eq .operator "In" }}{{ $terms = append $terms (printf "%s in (%s)" .key (join "," $values)) }}
+{{- else if eq .operator "NotIn" }}{{ $terms = append $terms (printf "%s notin (%s)" .key (join "," $values)) }}
+{{- else if eq .operator "Exists" }}{{ $terms = append $terms .key }}
+{{- else if eq .operator "DoesNotExist" }}{{ $terms = append $terms (printf "!%s" .key) }}
+{{- else }}{{ fail (printf "watchSelector: operator %q; want In, NotIn, Exists or DoesNotExist" .operator) }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $terms -}}
+{{- end -}}

@@ -1,0 +1,227 @@
+package controller
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
+	studentinformers "github.com/student-controller/student-controller/pkg/generated/informers/externalversions/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions/internalinterfaces"
+	listers "github.com/student-controller/student-controller/pkg/generated/listers/bolingcavalry/v1"
+)
+
+// Scope is which Students a controller watches: those of Namespaces (every namespace
+// when empty) whose labels match Selector (all when nil). The API server does the
+// filtering: the informers ask for the scope's Students alone.
+type Scope struct {
+	Namespaces []string
+	Selector   labels.Selector
+}
+
+// ParseScope reads the controller's --namespace (names separated by commas) and
+// --selector (a label selector, as kubectl's -l takes it).
+func ParseScope(namespaces, selector string) (Scope, error) {
+	var s Scope
+	for ns := range strings.SplitSeq(namespaces, ",") {
+		if ns = strings.TrimSpace(ns); ns == "" {
+			continue
+		}
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return Scope{}, fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
+		}
+		s.Namespaces = append(s.Namespaces, ns)
+	}
+	if strings.TrimSpace(namespaces) != "" && len(s.Namespaces) == 0 {
+		return Scope{}, fmt.Errorf("namespaces %q name none", namespaces)
+	}
+	slices.Sort(s.Namespaces)
+	s.Namespaces = slices.Compact(s.Namespaces)
+	if selector != "" {
+		sel, err := labels.Parse(selector)
+		if err != nil {
+			return Scope{}, fmt.Errorf("label selector %q: %w", selector, err)
+		}
+		if !sel.Empty() {
+			s.Selector = sel
+		}
+	}
+	return s, nil
+}
+
+// Contains says whether namespace is one of the scope's.
+func (s Scope) Contains(namespace string) bool {
+	return len(s.Namespaces) == 0 || slices.Contains(s.Namespaces, namespace)
+}
+
+// Labeled says whether the scope selects Students by label. Then a row's Student may
+// exist outside the scope (its labels do not match): only the API server can tell such
+// a row from an orphan.
+func (s Scope) Labeled() bool { return s.Selector != nil && !s.Selector.Empty() }
+
+// String says the scope for people: "all namespaces", "namespaces a, b", with the
+// selector after it.
+func (s Scope) String() string {
+	where := "all namespaces"
+	switch len(s.Namespaces) {
+	case 0:
+	case 1:
+		where = "namespace " + s.Namespaces[0]
+	default:
+		where = "namespaces " + strings.Join(s.Namespaces, ", ")
+	}
+	if s.Labeled() {
+		where += ", labels " + s.Selector.String()
+	}
+	return where
+}
+
+// rowsIn keeps the rows of the scope's namespaces. A row of another namespace belongs
+// to whichever controller watches that namespace: its Student is not in this cache,
+// and taking it for an orphan would let go of a row that is not this controller's to
+// judge.
+func (s Scope) rowsIn(rows []registry.Record) []registry.Record {
+	if len(s.Namespaces) == 0 {
+		return rows
+	}
+	return slices.DeleteFunc(rows, func(r registry.Record) bool { return !s.Contains(r.Namespace) })
+}
+
+// Informers are the Student informers of a scope: one over every namespace, or one
+// per namespace of the scope (a watch names one namespace or all), each asking the API
+// server for the scope's labels alone. Together they are one cache: Lister looks a
+// Student up in its namespace's informer and lists them all.
+type Informers struct {
+	factories []externalversions.SharedInformerFactory
+	informers []cache.SharedIndexInformer
+	listers   map[string]listers.StudentLister // by namespace; "" when one informer has all
+	indexers  map[string]cache.Indexer
+}
+
+// NewInformers returns the informers of scope, resynced every resync, trimmed by
+// TrimForCache before they enter the cache. Call Start, then Shutdown once its stop
+// channel is closed.
+//
+// An informer has no namespace index, which the generated one would add: the
+// controller looks Students up by key and lists them all, never by namespace, and the
+// index would hold a second set of every key.
+func NewInformers(client versioned.Interface, scope Scope, resync time.Duration) *Informers {
+	namespaces := scope.Namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
+	}
+	in := &Informers{listers: make(map[string]listers.StudentLister, len(namespaces)), indexers: make(map[string]cache.Indexer, len(namespaces))}
+	tweak := func(*metav1.ListOptions) {}
+	if scope.Labeled() {
+		selector := scope.Selector.String()
+		tweak = func(o *metav1.ListOptions) { o.LabelSelector = selector }
+	}
+	for _, ns := range namespaces {
+		f := externalversions.NewSharedInformerFactoryWithOptions(client, resync, externalversions.WithTransform(TrimForCache))
+		informer := f.InformerFor(&studentv1.Student{}, func(c versioned.Interface, resync time.Duration) cache.SharedIndexInformer {
+			return studentinformers.NewTypedStudentInformerWithOptions(c, ns, internalinterfaces.InformerOptions{
+				ResyncPeriod: resync, InformerName: f.InformerName(), TweakListOptions: tweak})
+		})
+		in.factories = append(in.factories, f)
+		in.informers = append(in.informers, informer)
+		in.listers[ns] = listers.NewStudentLister(informer.GetIndexer())
+		in.indexers[ns] = informer.GetIndexer()
+	}
+	return in
+}
+
+// Start starts every informer.
+func (in *Informers) Start(stop <-chan struct{}) {
+	for _, f := range in.factories {
+		f.Start(stop)
+	}
+}
+
+// Shutdown waits for every informer to stop, once Start's stop channel is closed.
+func (in *Informers) Shutdown() {
+	for _, f := range in.factories {
+		f.Shutdown()
+	}
+}
+
+// HasSynced says whether every informer has synced.
+func (in *Informers) HasSynced() bool {
+	for _, i := range in.informers {
+		if !i.HasSynced() {
+			return false
+		}
+	}
+	return true
+}
+
+// addEventHandler adds handler to every informer.
+func (in *Informers) addEventHandler(handler cache.ResourceEventHandler) error {
+	for _, i := range in.informers {
+		if _, err := i.AddEventHandler(handler); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Store is the cache that holds the Students of namespace (every Student, in a scope
+// of all namespaces); nil for a namespace outside the scope. Tests and benchmarks fill
+// it directly, as a watch would.
+func (in *Informers) Store(namespace string) cache.Store {
+	if i, ok := in.indexers[metav1.NamespaceAll]; ok {
+		return i
+	}
+	if i, ok := in.indexers[namespace]; ok {
+		return i
+	}
+	return nil
+}
+
+// Lister lists and gets the Students of every informer.
+func (in *Informers) Lister() listers.StudentLister {
+	if l, ok := in.listers[metav1.NamespaceAll]; ok {
+		return l
+	}
+	return scopeLister(in.listers)
+}
+
+// scopeLister is the lister of the informers of several namespaces, by namespace.
+type scopeLister map[string]listers.StudentLister
+
+func (l scopeLister) List(selector labels.Selector) ([]*studentv1.Student, error) {
+	var all []*studentv1.Student
+	for _, ns := range l {
+		some, err := ns.List(selector)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, some...)
+	}
+	return all, nil
+}
+
+func (l scopeLister) Students(namespace string) listers.StudentNamespaceLister {
+	if ns, ok := l[namespace]; ok {
+		return ns.Students(namespace)
+	}
+	return outOfScope(namespace)
+}
+
+// outOfScope is a namespace no informer watches: it has no Students.
+type outOfScope string
+
+func (outOfScope) List(labels.Selector) ([]*studentv1.Student, error) { return nil, nil }
+
+func (outOfScope) Get(name string) (*studentv1.Student, error) {
+	return nil, apierrors.NewNotFound(studentv1.Resource("student"), name)
+}
