@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,6 +37,8 @@ type options struct {
 	shutdownTimeout         time.Duration
 	rateLimiter             string
 	dryRun                  bool
+	tracingEndpoint         string
+	tracingSamplingRate     int32
 
 	leaderElect          bool
 	leaderElectNamespace string
@@ -119,6 +122,19 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", false,
 		"Serve /metrics over HTTPS and allow only callers that the API server authenticates (TokenReview) and authorizes (SubjectAccessReview, get on the /metrics URL).")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 turns them off.")
+	fs.StringVar(&o.tracingEndpoint, "tracing-endpoint", "",
+		"OpenTelemetry collector to export traces to over OTLP/gRPC without TLS (HOST:PORT, e.g. localhost:4317): a span for each sync, "+
+			"its queue wait, registry operations and status write, and the API requests within it, which kube-apiserver continues "+
+			"when its own tracing is on. Off when empty, at no cost.")
+	o.tracingSamplingRate = 1000000
+	fs.Func("tracing-sampling-rate-per-million", "Syncs traced, per million, with --tracing-endpoint (default 1000000: every sync).", func(v string) error {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || n < 0 || n > 1000000 {
+			return fmt.Errorf("want a number from 0 to 1000000, got %q", v)
+		}
+		o.tracingSamplingRate = int32(n)
+		return nil
+	})
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0",
 		"Address of Go's /debug/pprof/ profiling endpoints, e.g. 127.0.0.1:6060; 0 (the default) turns them off. They are not authenticated: bind them to localhost. The heap profile is sampled only while they are on.")
 }
@@ -176,6 +192,9 @@ func (o *options) validate() error {
 	}
 	if o.sqliteShared && !(sqlite && o.leaderElect) {
 		errs = append(errs, errors.New("--sqlite-shared-file is for --leader-elect with a SQLite registry"))
+	}
+	if o.set["tracing-sampling-rate-per-million"] && o.tracingEndpoint == "" {
+		errs = append(errs, errors.New("--tracing-sampling-rate-per-million without --tracing-endpoint does nothing"))
 	}
 	if o.metricsSecure && o.metricsAddr == "0" {
 		errs = append(errs, errors.New("--metrics-secure with --metrics-bind-address=0: there is no metrics endpoint to secure"))

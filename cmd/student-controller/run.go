@@ -86,9 +86,15 @@ func run(ctx context.Context, opts options) error {
 	if opts.dryRun {
 		leading = func() error { return errDryRun }
 	}
+	tracerProvider, stopTracing, err := startTracing(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("--tracing-endpoint: %w", err)
+	}
+	defer stopTracing()
 	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
-		Scope:        opts.scope,
-		ResyncPeriod: opts.resyncPeriod,
+		Scope:          opts.scope,
+		TracerProvider: tracerProvider,
+		ResyncPeriod:   opts.resyncPeriod,
 		Config: controller.Config{
 			Owner:                   opts.owner,
 			Cluster:                 cluster,

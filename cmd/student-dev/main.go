@@ -51,12 +51,14 @@ func main() {
 	controllerBin := flag.String("controller", "bin/student-controller", "The student-controller binary to run.")
 	probeAddr := flag.String("health-probe-bind-address", "127.0.0.1:8081", "Passed to the controller; also polled for readiness.")
 	metricsAddr := flag.String("metrics-bind-address", "127.0.0.1:8080", "Passed to the controller.")
+	tracing := flag.String("tracing-endpoint", "",
+		"An OpenTelemetry collector (OTLP/gRPC, HOST:PORT): the controller traces its syncs there, and kube-apiserver continues each trace to etcd.")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: student-dev [flags] [-- controller flags]\n       student-dev cluster [flags] [-- helm install flags]\n       student-dev clean-node [flags]\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if err := run(ctx, *stateDir, *controllerBin, *probeAddr, *metricsAddr, flag.Args()); err != nil {
+	if err := run(ctx, *stateDir, *controllerBin, *probeAddr, *metricsAddr, *tracing, flag.Args()); err != nil {
 		fmt.Fprintf(os.Stderr, "student-dev: %v\n", err)
 		os.Exit(1)
 	}
@@ -64,7 +66,7 @@ func main() {
 
 func say(format string, args ...any) { fmt.Printf("==> "+format+"\n", args...) }
 
-func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr string, extra []string) (err error) {
+func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr, tracing string, extra []string) (err error) {
 	root, err := os.Getwd()
 	if err != nil {
 		return err
@@ -81,7 +83,19 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr st
 
 	say("Starting the local control plane from bin/k8s: etcd, kube-apiserver, and kube-controller-manager running %s (data in %s)",
 		strings.Join(controlplane.Controllers, " and "), state)
-	env, err := controlplane.Start(controlplane.Options{Root: root, Dir: state})
+	opts := controlplane.Options{Root: root, Dir: state}
+	if tracing != "" {
+		// Rate 0: kube-apiserver traces only the requests whose caller sampled them,
+		// the controller's syncs.
+		config := filepath.Join(state, "apiserver-tracing.yaml")
+		if err := os.WriteFile(config, fmt.Appendf(nil, "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: %s\nsamplingRatePerMillion: 0\n", tracing), 0o600); err != nil {
+			return err
+		}
+		opts.APIServerFlags = map[string]string{"tracing-config-file": config}
+		extra = append([]string{"--tracing-endpoint", tracing}, extra...)
+		say("Tracing to %s: the controller's syncs, and kube-apiserver's requests within them", tracing)
+	}
+	env, err := controlplane.Start(opts)
 	if err != nil {
 		return err
 	}

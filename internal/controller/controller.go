@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"slices"
 	"sync"
 	"time"
@@ -93,6 +94,9 @@ type Config struct {
 	Clock clock.PassiveClock
 	// Metrics records syncs, registry latency and sweeps; nothing is recorded when nil.
 	Metrics *Metrics
+	// Tracer traces each sync (its queue wait, registry operations and status write);
+	// nil traces nothing, at no cost.
+	Tracer trace.Tracer
 	// Leading, when set, says whether this replica may still write: an error once it
 	// cannot know that it holds the leader Lease (its last renewal is older than the
 	// renew deadline, as after a pause) or another replica leads. It is asked before
@@ -161,8 +165,8 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	if cfg.RateLimiter == nil {
 		cfg.RateLimiter = DefaultRateLimiter()
 	}
-	if cfg.Metrics != nil {
-		reg = timedRegistry{Registry: reg, m: cfg.Metrics}
+	if cfg.Metrics != nil || cfg.Tracer != nil {
+		reg = timedRegistry{Registry: reg, m: cfg.Metrics, tracer: cfg.Tracer}
 	}
 	c := &Controller{
 		lister: informers.Lister(),
@@ -171,7 +175,7 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 		getStudent: func(ctx context.Context, namespace, name string) (*studentv1.Student, error) {
 			return client.BolingcavalryV1().Students(namespace).Get(ctx, name, metav1.GetOptions{})
 		},
-		write: &writes{registry: reg, client: client, recorder: recorder, leading: cfg.Leading},
+		write: &writes{registry: reg, client: client, recorder: recorder, leading: cfg.Leading, tracer: cfg.Tracer},
 		cfg:   cfg,
 		clock: cfg.Clock,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter,
@@ -179,6 +183,9 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	}
 	if c.clock == nil {
 		c.clock = clock.RealClock{}
+	}
+	if cfg.Tracer != nil {
+		c.queue = timedQueue{TypedRateLimitingInterface: c.queue, times: &queueTimes{at: map[string]time.Time{}}}
 	}
 	logger := klog.FromContext(ctx)
 	err := informers.addEventHandler(cache.ResourceEventHandlerFuncs{
@@ -339,6 +346,7 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	// is not cut off half way (finalizer added, row not yet written); it is bounded.
 	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SyncTimeout)
 	defer cancel()
+	syncCtx, span := c.startSync(syncCtx, key)
 	started := time.Now()
 	err := c.mayStart()
 	if err == nil {
@@ -386,6 +394,7 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		c.queue.AddRateLimited(key)
 		utilruntime.HandleErrorWithContext(ctx, err, "Syncing Student failed; will retry", "student", student, "retries", c.queue.NumRequeues(key))
 	}
+	endSync(span, result, err)
 	took := time.Since(started)
 	c.cfg.Metrics.observeSync(result, took)
 	if logger := klog.FromContext(ctx); logger.V(4).Enabled() {

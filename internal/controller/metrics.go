@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"go.opentelemetry.io/otel/trace"
 	"sync"
 	"time"
 
@@ -227,13 +228,28 @@ func (m *Metrics) observeSweep(r SweepResult, err error, took time.Duration) {
 	}
 }
 
-// timedRegistry records the latency and result of every registry operation.
+// timedRegistry records the latency and result of every registry operation, and
+// traces it as a child span of the sync or sweep that called it (with Config.Tracer).
 type timedRegistry struct {
 	Registry
-	m *Metrics
+	m      *Metrics
+	tracer trace.Tracer
+}
+
+// start starts operation op; call the function it returns with op's error.
+func (t timedRegistry) start(ctx context.Context, op string) (context.Context, func(error)) {
+	start := time.Now()
+	ctx, end := spanOf(ctx, t.tracer, spanRegistry+op)
+	return ctx, func(err error) {
+		end(err)
+		t.observe(op, start, err)
+	}
 }
 
 func (t timedRegistry) observe(op string, start time.Time, err error) {
+	if t.m == nil {
+		return
+	}
 	result := "ok"
 	switch {
 	case errors.Is(err, registry.ErrNotFound):
@@ -249,64 +265,64 @@ func (t timedRegistry) observe(op string, start time.Time, err error) {
 }
 
 func (t timedRegistry) Get(ctx context.Context, uid string) (registry.Record, error) {
-	start := time.Now()
+	ctx, done := t.start(ctx, "get")
 	rec, err := t.Registry.Get(ctx, uid)
-	t.observe("get", start, err)
+	done(err)
 	return rec, err
 }
 
 func (t timedRegistry) Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
-	start := time.Now()
+	ctx, done := t.start(ctx, "upsert")
 	out, err := t.Registry.Upsert(ctx, rec, why)
-	t.observe("upsert", start, err)
+	done(err)
 	return out, err
 }
 
 func (t timedRegistry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
-	start := time.Now()
-	done, err := t.Registry.Delete(ctx, uid, owner, cause)
-	t.observe("delete", start, err)
-	return done, err
+	ctx, done := t.start(ctx, "delete")
+	ok, err := t.Registry.Delete(ctx, uid, owner, cause)
+	done(err)
+	return ok, err
 }
 
 func (t timedRegistry) Release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
-	start := time.Now()
-	done, err := t.Registry.Release(ctx, rec, cause)
-	t.observe("release", start, err)
-	return done, err
+	ctx, done := t.start(ctx, "release")
+	ok, err := t.Registry.Release(ctx, rec, cause)
+	done(err)
+	return ok, err
 }
 
 func (t timedRegistry) Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
-	start := time.Now()
+	ctx, done := t.start(ctx, "relinquish")
 	outcome, err := t.Registry.Relinquish(ctx, uid, owner, cause)
-	t.observe("relinquish", start, err)
+	done(err)
 	return outcome, err
 }
 
 func (t timedRegistry) RecordPolicy(ctx context.Context, uid, owner, policy string) error {
-	start := time.Now()
+	ctx, done := t.start(ctx, "record_policy")
 	err := t.Registry.RecordPolicy(ctx, uid, owner, policy)
-	t.observe("record_policy", start, err)
+	done(err)
 	return err
 }
 
 func (t timedRegistry) PruneHistory(ctx context.Context, before time.Time) (int64, error) {
-	start := time.Now()
+	ctx, done := t.start(ctx, "prune_history")
 	n, err := t.Registry.PruneHistory(ctx, before)
-	t.observe("prune_history", start, err)
+	done(err)
 	return n, err
 }
 
 func (t timedRegistry) Bind(ctx context.Context, owner, cluster string) (registry.Binding, error) {
-	start := time.Now()
+	ctx, done := t.start(ctx, "bind")
 	b, err := t.Registry.Bind(ctx, owner, cluster)
-	t.observe("bind", start, err)
+	done(err)
 	return b, err
 }
 
 func (t timedRegistry) List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error) {
-	start := time.Now()
+	ctx, done := t.start(ctx, "list")
 	rows, malformed, err := t.Registry.List(ctx, owner)
-	t.observe("list", start, err)
+	done(err)
 	return rows, malformed, err
 }

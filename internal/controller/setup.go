@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -37,6 +38,9 @@ type Wiring struct {
 type WiringOptions struct {
 	// Scope limits the Controller to some namespaces and labels; all when zero.
 	Scope Scope
+	// TracerProvider, when set, traces each sync (Config.Tracer) and the API requests
+	// made within it, whose trace kube-apiserver continues.
+	TracerProvider trace.TracerProvider
 	// ResyncPeriod replays every cached Student this often; 0 never.
 	ResyncPeriod time.Duration
 	// Config tunes the Controller.
@@ -49,6 +53,11 @@ type WiringOptions struct {
 func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts WiringOptions) (*Wiring, error) {
 	cfg := rest.CopyConfig(restConfig)
 	cfg.UserAgent = rest.DefaultKubernetesUserAgent() + " " + Name
+	config := opts.Config
+	if opts.TracerProvider != nil {
+		cfg.Wrap(tracedTransport(opts.TracerProvider))
+		config.Tracer = opts.TracerProvider.Tracer(TracerName)
+	}
 	kubeClient, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("build Kubernetes client: %w", err)
@@ -59,7 +68,6 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 	}
 	w := &Wiring{KubeClient: kubeClient, informers: NewInformers(studentClient, opts.Scope, opts.ResyncPeriod)}
 	w.broadcaster, w.Recorder = NewEventRecorder(ctx, kubeClient.CoreV1())
-	config := opts.Config
 	config.Scope = opts.Scope // the sweep's scope is the watch's
 	w.Controller, err = New(ctx, studentClient, w.informers, reg, w.Recorder, config)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -50,6 +51,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	ctx = klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "student", klog.KObj(student), "uid", student.UID))
+	trace.SpanFromContext(ctx).SetAttributes(AttrUID.String(string(student.UID)), AttrGeneration.Int64(student.Generation))
 	if paused(student) && (student.DeletionTimestamp == nil || slices.Contains(student.Finalizers, Finalizer)) {
 		return c.holdPaused(ctx, student)
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +27,8 @@ type writes struct {
 	recorder record.EventRecorder
 	// leading is Config.Leading; nil means always.
 	leading func() error
+	// tracer is Config.Tracer; nil traces nothing.
+	tracer trace.Tracer
 }
 
 // allowed asks Config.Leading whether this replica may write now (ErrNotLeading if
@@ -92,7 +95,10 @@ func (w *writes) update(ctx context.Context, s *studentv1.Student) (*studentv1.S
 
 func (w *writes) updateStatus(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
 	return guard(w, func() (*studentv1.Student, error) {
-		return w.client.BolingcavalryV1().Students(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
+		ctx, end := spanOf(ctx, w.tracer, SpanStatusWrite)
+		out, err := w.client.BolingcavalryV1().Students(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
+		end(err)
+		return out, err
 	})
 }
 
