@@ -5,9 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	tracingv1 "k8s.io/component-base/tracing/api/v1"
 
 	"github.com/student-controller/student-controller/internal/controller"
 )
@@ -38,7 +40,7 @@ type options struct {
 	rateLimiter             string
 	dryRun                  bool
 	tracingEndpoint         string
-	tracingSamplingRate     int32
+	tracingSamplingRate     int
 
 	leaderElect          bool
 	leaderElectNamespace string
@@ -126,15 +128,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"OpenTelemetry collector to export traces to over OTLP/gRPC without TLS (HOST:PORT, e.g. localhost:4317): a span for each sync, "+
 			"its queue wait, registry operations and status write, and the API requests within it, which kube-apiserver continues "+
 			"when its own tracing is on. Off when empty, at no cost.")
-	o.tracingSamplingRate = 1000000
-	fs.Func("tracing-sampling-rate-per-million", "Syncs traced, per million, with --tracing-endpoint (default 1000000: every sync).", func(v string) error {
-		n, err := strconv.ParseInt(v, 10, 32)
-		if err != nil || n < 0 || n > 1000000 {
-			return fmt.Errorf("want a number from 0 to 1000000, got %q", v)
-		}
-		o.tracingSamplingRate = int32(n)
-		return nil
-	})
+	fs.IntVar(&o.tracingSamplingRate, "tracing-sampling-rate-per-million", 1000000,
+		"Syncs traced, per million (1 to 1000000), with --tracing-endpoint.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0",
 		"Address of Go's /debug/pprof/ profiling endpoints, e.g. 127.0.0.1:6060; 0 (the default) turns them off. They are not authenticated: bind them to localhost. The heap profile is sampled only while they are on.")
 }
@@ -195,6 +190,14 @@ func (o *options) validate() error {
 	}
 	if o.set["tracing-sampling-rate-per-million"] && o.tracingEndpoint == "" {
 		errs = append(errs, errors.New("--tracing-sampling-rate-per-million without --tracing-endpoint does nothing"))
+	}
+	if o.tracingSamplingRate < 1 || o.tracingSamplingRate > 1000000 {
+		errs = append(errs, fmt.Errorf("--tracing-sampling-rate-per-million must be within 1 and 1000000, got %d", o.tracingSamplingRate))
+	}
+	if o.tracingEndpoint != "" {
+		if invalid := tracingv1.ValidateTracingConfiguration(o.tracingConfig(), nil, field.NewPath("tracing")); len(invalid) > 0 {
+			errs = append(errs, fmt.Errorf("--tracing-endpoint: %w", invalid.ToAggregate()))
+		}
 	}
 	if o.metricsSecure && o.metricsAddr == "0" {
 		errs = append(errs, errors.New("--metrics-secure with --metrics-bind-address=0: there is no metrics endpoint to secure"))

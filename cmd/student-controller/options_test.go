@@ -13,20 +13,24 @@ func TestValidate(t *testing.T) {
 		args []string
 		want string // "" for valid
 	}{
-		"defaults":                       {},
-		"postgres, two replicas":         {args: []string{"--registry=postgres://u@db/s", "--leader-elect"}},
-		"sqlite, shared file":            {args: []string{"--leader-elect", "--sqlite-shared-file"}},
-		"sqlite with leader election":    {args: []string{"--leader-elect"}, want: "replicas with a file each would split the registry"},
-		"password file for sqlite":       {args: []string{"--registry-password-file=/p"}, want: "SQLite takes no password"},
-		"shared file without sqlite":     {args: []string{"--registry=postgres://u@db/s", "--leader-elect", "--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
-		"shared file without election":   {args: []string{"--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
-		"secure metrics, no metrics":     {args: []string{"--metrics-secure", "--metrics-bind-address=0"}, want: "no metrics endpoint to secure"},
-		"lease flags without election":   {args: []string{"--leader-elect-id=x"}, want: "--leader-elect-id without --leader-elect"},
-		"sweep percent out of range":     {args: []string{"--sweep-max-deletion-percent=0"}, want: "--sweep-max-deletion-percent must be within 1 and 100"},
-		"workers":                        {args: []string{"--workers=0"}, want: "--workers must be at least 1"},
-		"several namespaces, a selector": {args: []string{"--namespace=a,b", "--selector=team in (x,y)"}},
-		"a namespace that cannot be":     {args: []string{"--namespace=a,B"}, want: `--namespace or --selector: namespace "B"`},
-		"a selector that cannot be":      {args: []string{"--selector=team in x"}, want: `--namespace or --selector: label selector "team in x"`},
+		"defaults":                          {},
+		"postgres, two replicas":            {args: []string{"--registry=postgres://u@db/s", "--leader-elect"}},
+		"sqlite, shared file":               {args: []string{"--leader-elect", "--sqlite-shared-file"}},
+		"sqlite with leader election":       {args: []string{"--leader-elect"}, want: "replicas with a file each would split the registry"},
+		"password file for sqlite":          {args: []string{"--registry-password-file=/p"}, want: "SQLite takes no password"},
+		"shared file without sqlite":        {args: []string{"--registry=postgres://u@db/s", "--leader-elect", "--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
+		"shared file without election":      {args: []string{"--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
+		"secure metrics, no metrics":        {args: []string{"--metrics-secure", "--metrics-bind-address=0"}, want: "no metrics endpoint to secure"},
+		"lease flags without election":      {args: []string{"--leader-elect-id=x"}, want: "--leader-elect-id without --leader-elect"},
+		"sweep percent out of range":        {args: []string{"--sweep-max-deletion-percent=0"}, want: "--sweep-max-deletion-percent must be within 1 and 100"},
+		"workers":                           {args: []string{"--workers=0"}, want: "--workers must be at least 1"},
+		"several namespaces, a selector":    {args: []string{"--namespace=a,b", "--selector=team in (x,y)"}},
+		"a namespace that cannot be":        {args: []string{"--namespace=a,B"}, want: `--namespace or --selector: namespace "B"`},
+		"tracing":                           {args: []string{"--tracing-endpoint=localhost:4317", "--tracing-sampling-rate-per-million=100"}},
+		"a tracing rate without tracing":    {args: []string{"--tracing-sampling-rate-per-million=100"}, want: "without --tracing-endpoint does nothing"},
+		"a tracing rate of none":            {args: []string{"--tracing-endpoint=localhost:4317", "--tracing-sampling-rate-per-million=0"}, want: "must be within 1 and 1000000"},
+		"a tracing endpoint that cannot be": {args: []string{"--tracing-endpoint=local host:4317"}, want: "--tracing-endpoint: tracing.endpoint"},
+		"a selector that cannot be":         {args: []string{"--selector=team in x"}, want: `--namespace or --selector: label selector "team in x"`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

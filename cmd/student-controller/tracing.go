@@ -23,14 +23,13 @@ func startTracing(ctx context.Context, opts options) (trace.TracerProvider, func
 	if opts.tracingEndpoint == "" {
 		return nil, func() {}, nil
 	}
-	rate := opts.tracingSamplingRate
-	provider, err := tracing.NewProvider(ctx, &tracingv1.TracingConfiguration{Endpoint: &opts.tracingEndpoint, SamplingRatePerMillion: &rate}, nil,
+	provider, err := tracing.NewProvider(ctx, opts.tracingConfig(), nil,
 		[]resource.Option{resource.WithAttributes(attribute.String("service.name", controller.Name), attribute.String("service.version", version))})
 	if err != nil {
 		return nil, nil, err
 	}
 	stop := func() {
-		// Within the shutdown's own bound: a collector gone must not hold the exit.
+		// A collector gone holds the exit 5 s at most, after the drain.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := provider.Shutdown(ctx); err != nil {
@@ -38,4 +37,11 @@ func startTracing(ctx context.Context, opts options) (trace.TracerProvider, func
 		}
 	}
 	return provider, stop, nil
+}
+
+// tracingConfig is --tracing-endpoint and --tracing-sampling-rate-per-million as
+// kube-apiserver's TracingConfiguration.
+func (o *options) tracingConfig() *tracingv1.TracingConfiguration {
+	endpoint, rate := o.tracingEndpoint, int32(min(max(o.tracingSamplingRate, 0), 1000000)) // #nosec G115 -- clamped
+	return &tracingv1.TracingConfiguration{Endpoint: &endpoint, SamplingRatePerMillion: &rate}
 }

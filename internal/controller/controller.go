@@ -126,6 +126,10 @@ type Controller struct {
 	// stop ends Run with a cause that leaves this controller nothing to do: the owner
 	// moved to another cluster, or another controller took over the owner's writes.
 	stop context.CancelCauseFunc
+	// queueTimes are when the keys in the queue were queued, for their traces; nil
+	// when tracing is off. working is when Run started to work (its cache synced).
+	queueTimes *queueTimes
+	working    time.Time
 	// malformed are the uids of the unreadable rows the last sweep found; a row is
 	// logged when it first shows up here. Only Sweep, which never runs twice at once,
 	// touches it.
@@ -185,7 +189,8 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 		c.clock = clock.RealClock{}
 	}
 	if cfg.Tracer != nil {
-		c.queue = timedQueue{TypedRateLimitingInterface: c.queue, times: &queueTimes{at: map[string]time.Time{}}}
+		c.queueTimes = &queueTimes{at: map[string]time.Time{}}
+		c.queue = timedQueue{TypedRateLimitingInterface: c.queue, times: c.queueTimes}
 	}
 	logger := klog.FromContext(ctx)
 	err := informers.addEventHandler(cache.ResourceEventHandlerFuncs{
@@ -265,6 +270,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		return errors.New("the Student cache did not sync before shutdown")
 	}
 
+	c.working = time.Now()
 	ctx, c.stop = context.WithCancelCause(ctx)
 	defer c.stop(nil)
 	var wg sync.WaitGroup

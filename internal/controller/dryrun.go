@@ -44,6 +44,7 @@ func (c *Controller) RunDryRun(ctx context.Context, interval time.Duration) erro
 				return
 			}
 			c.queue.Done(key)
+			c.queueTimes.taken(key) // no sync, no trace: forgotten
 			select {
 			case changed <- struct{}{}:
 			default:

@@ -236,14 +236,26 @@ type timedRegistry struct {
 	tracer trace.Tracer
 }
 
-// start starts operation op; call the function it returns with op's error.
-func (t timedRegistry) start(ctx context.Context, op string) (context.Context, func(error)) {
-	start := time.Now()
-	ctx, end := spanOf(ctx, t.tracer, spanRegistry+op)
-	return ctx, func(err error) {
-		end(err)
-		t.observe(op, start, err)
+// registryOp is one registry operation being timed and traced.
+type registryOp struct {
+	t     timedRegistry
+	name  string
+	start time.Time
+	span  trace.Span
+}
+
+// start starts operation op; end it with its error.
+func (t timedRegistry) start(ctx context.Context, op string) (context.Context, registryOp) {
+	r := registryOp{t: t, name: op, start: time.Now(), span: noopSpan}
+	if t.tracer != nil { // the span's name is made only then
+		ctx, r.span = t.tracer.Start(ctx, spanRegistry+op)
 	}
+	return ctx, r
+}
+
+func (r registryOp) end(err error) {
+	endSpan(r.span, err)
+	r.t.observe(r.name, r.start, err)
 }
 
 func (t timedRegistry) observe(op string, start time.Time, err error) {
@@ -265,64 +277,64 @@ func (t timedRegistry) observe(op string, start time.Time, err error) {
 }
 
 func (t timedRegistry) Get(ctx context.Context, uid string) (registry.Record, error) {
-	ctx, done := t.start(ctx, "get")
+	ctx, op := t.start(ctx, "get")
 	rec, err := t.Registry.Get(ctx, uid)
-	done(err)
+	op.end(err)
 	return rec, err
 }
 
 func (t timedRegistry) Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
-	ctx, done := t.start(ctx, "upsert")
+	ctx, op := t.start(ctx, "upsert")
 	out, err := t.Registry.Upsert(ctx, rec, why)
-	done(err)
+	op.end(err)
 	return out, err
 }
 
 func (t timedRegistry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
-	ctx, done := t.start(ctx, "delete")
+	ctx, op := t.start(ctx, "delete")
 	ok, err := t.Registry.Delete(ctx, uid, owner, cause)
-	done(err)
+	op.end(err)
 	return ok, err
 }
 
 func (t timedRegistry) Release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
-	ctx, done := t.start(ctx, "release")
+	ctx, op := t.start(ctx, "release")
 	ok, err := t.Registry.Release(ctx, rec, cause)
-	done(err)
+	op.end(err)
 	return ok, err
 }
 
 func (t timedRegistry) Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
-	ctx, done := t.start(ctx, "relinquish")
+	ctx, op := t.start(ctx, "relinquish")
 	outcome, err := t.Registry.Relinquish(ctx, uid, owner, cause)
-	done(err)
+	op.end(err)
 	return outcome, err
 }
 
 func (t timedRegistry) RecordPolicy(ctx context.Context, uid, owner, policy string) error {
-	ctx, done := t.start(ctx, "record_policy")
+	ctx, op := t.start(ctx, "record_policy")
 	err := t.Registry.RecordPolicy(ctx, uid, owner, policy)
-	done(err)
+	op.end(err)
 	return err
 }
 
 func (t timedRegistry) PruneHistory(ctx context.Context, before time.Time) (int64, error) {
-	ctx, done := t.start(ctx, "prune_history")
+	ctx, op := t.start(ctx, "prune_history")
 	n, err := t.Registry.PruneHistory(ctx, before)
-	done(err)
+	op.end(err)
 	return n, err
 }
 
 func (t timedRegistry) Bind(ctx context.Context, owner, cluster string) (registry.Binding, error) {
-	ctx, done := t.start(ctx, "bind")
+	ctx, op := t.start(ctx, "bind")
 	b, err := t.Registry.Bind(ctx, owner, cluster)
-	done(err)
+	op.end(err)
 	return b, err
 }
 
 func (t timedRegistry) List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error) {
-	ctx, done := t.start(ctx, "list")
+	ctx, op := t.start(ctx, "list")
 	rows, malformed, err := t.Registry.List(ctx, owner)
-	done(err)
+	op.end(err)
 	return rows, malformed, err
 }

@@ -51,7 +51,9 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	ctx = klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "student", klog.KObj(student), "uid", student.UID))
-	trace.SpanFromContext(ctx).SetAttributes(AttrUID.String(string(student.UID)), AttrGeneration.Int64(student.Generation))
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(AttrUID.String(string(student.UID)), AttrGeneration.Int64(student.Generation))
+	}
 	if paused(student) && (student.DeletionTimestamp == nil || slices.Contains(student.Finalizers, Finalizer)) {
 		return c.holdPaused(ctx, student)
 	}

@@ -52,8 +52,12 @@ func (q *queueTimes) queued(key string) {
 	}
 }
 
-// taken returns when key was queued and forgets it; false when unknown.
+// taken returns when key was queued and forgets it; false when unknown or when q is
+// nil (tracing off).
 func (q *queueTimes) taken(key string) (time.Time, bool) {
+	if q == nil {
+		return time.Time{}, false
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	at, ok := q.at[key]
@@ -83,26 +87,18 @@ func (q timedQueue) AddRateLimited(key string) {
 	q.TypedRateLimitingInterface.AddRateLimited(key)
 }
 
-// tracer is Config.Tracer, or one that records nothing.
-func (c *Controller) tracer() trace.Tracer {
-	if c.cfg.Tracer == nil {
-		return noop.NewTracerProvider().Tracer(TracerName)
-	}
-	return c.cfg.Tracer
-}
-
 // startSync starts the span of the sync of key, from when it was queued (with a child
-// span of the wait) when the queue kept that.
+// span of the wait) when the queue kept that: since the controller started to work at
+// the earliest, as a standby's queue fills long before it leads. Off, it returns a span
+// that records nothing, at no cost.
 func (c *Controller) startSync(ctx context.Context, key string) (context.Context, trace.Span) {
 	if c.cfg.Tracer == nil {
-		return ctx, trace.SpanFromContext(ctx) // a span that records nothing: no cost
+		return ctx, noopSpan
 	}
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(AttrStudent.String(key))}
-	queued, ok := time.Time{}, false
-	if q, isTimed := c.queue.(timedQueue); isTimed {
-		queued, ok = q.times.taken(key)
-	}
+	queued, ok := c.queueTimes.taken(key)
 	if ok {
+		queued = later(queued, c.working)
 		opts = append(opts, trace.WithTimestamp(queued))
 	}
 	ctx, span := c.cfg.Tracer.Start(ctx, SpanSync, opts...)
@@ -113,9 +109,22 @@ func (c *Controller) startSync(ctx context.Context, key string) (context.Context
 	return ctx, span
 }
 
+func later(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return b
+	}
+	return a
+}
+
+// noopSpan is the span of everything when tracing is off.
+var noopSpan trace.Span = noop.Span{}
+
 // endSync ends a sync's span with its result; an error's text is not recorded, since
 // a registry error may quote what only the process should see.
 func endSync(span trace.Span, result string, err error) {
+	if !span.IsRecording() {
+		return
+	}
 	span.SetAttributes(AttrResult.String(result))
 	if err != nil {
 		span.SetStatus(codes.Error, result)
@@ -123,18 +132,21 @@ func endSync(span trace.Span, result string, err error) {
 	span.End()
 }
 
-// spanOf starts a child span named name of ctx's span, when tracing is on.
-func spanOf(ctx context.Context, tracer trace.Tracer, name string) (context.Context, func(err error)) {
+// startSpan starts a child span named name of ctx's span when tracing is on, and
+// returns noopSpan otherwise. endSpan ends it, marked failed (without the error's
+// text) when err is set.
+func startSpan(ctx context.Context, tracer trace.Tracer, name string) (context.Context, trace.Span) {
 	if tracer == nil {
-		return ctx, func(error) {}
+		return ctx, noopSpan
 	}
-	ctx, span := tracer.Start(ctx, name)
-	return ctx, func(err error) {
-		if err != nil {
-			span.SetStatus(codes.Error, "failed")
-		}
-		span.End()
+	return tracer.Start(ctx, name)
+}
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.SetStatus(codes.Error, "failed")
 	}
+	span.End()
 }
 
 // tracedTransport traces the API requests made within a traced sync, as children of

@@ -72,8 +72,22 @@ func TestSyncSpans(t *testing.T) {
 		t.Errorf("the sync span: parent %v, kind %v; want a root of kind consumer", root.Parent(), root.SpanKind())
 	}
 
-	// Off: no times kept, nothing recorded.
-	if _, timed := f.ctrl.queue.(timedQueue); timed {
+	if n := len(c.queueTimes.at); n != 0 {
+		t.Errorf("queue times kept after the sync: %d, want none", n)
+	}
+
+	// Off: no times kept, no spans, no allocation for them.
+	if f.ctrl.queueTimes != nil {
 		t.Error("a controller without a tracer keeps the queue's times")
+	}
+	if allocs := testing.AllocsPerRun(100, func() {
+		ctx, span := f.ctrl.startSync(f.ctx, "school/a")
+		_, reg := timedRegistry{Registry: f.registry}.start(ctx, "get") // the metric's own cost apart
+		reg.end(nil)
+		_, status := startSpan(ctx, nil, SpanStatusWrite)
+		endSpan(status, nil)
+		endSync(span, resultSuccess, nil)
+	}); allocs != 0 {
+		t.Errorf("a sync's spans, tracing off: %v allocations, want none", allocs)
 	}
 }

@@ -95,9 +95,9 @@ func (w *writes) update(ctx context.Context, s *studentv1.Student) (*studentv1.S
 
 func (w *writes) updateStatus(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
 	return guard(w, func() (*studentv1.Student, error) {
-		ctx, end := spanOf(ctx, w.tracer, SpanStatusWrite)
+		ctx, span := startSpan(ctx, w.tracer, SpanStatusWrite)
 		out, err := w.client.BolingcavalryV1().Students(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
-		end(err)
+		endSpan(span, err)
 		return out, err
 	})
 }
