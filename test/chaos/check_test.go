@@ -26,10 +26,40 @@ const (
 	invNoOrphans  = "no owned row without a Student"
 	invOthers     = "no other owner's row touched"
 	invMonotonic  = "no row went back in generation"
+	invHistory    = "every row write on record: each row's last history entry holds its values, a let-go row's says so, one creation per Student"
 	invLogs       = "no panic or data race in the controller's log"
 )
 
-var invariants = []string{invReady, invRow, invUpdates, invNotLost, invDeleted, invDeletedRow, invNoOrphans, invOthers, invMonotonic, invLogs}
+var invariants = []string{invReady, invRow, invUpdates, invNotLost, invDeleted, invDeletedRow, invNoOrphans, invOthers, invMonotonic, invHistory, invLogs}
+
+// entry is the last history entry of a row, as the checker reads it.
+type entry struct {
+	action, studentName, school string
+	generation                  int64
+	created                     int // the row's "created" entries, of all
+}
+
+// readHistory reads, for each uid, its last history entry and how many times it was
+// created.
+func readHistory(ctx context.Context, db *sql.DB) (map[string]entry, error) {
+	rows, err := db.QueryContext(ctx, `SELECT h.uid, h.action, COALESCE(h.student_name, ''), COALESCE(h.school, ''), COALESCE(h.generation, 0),
+		(SELECT COUNT(*) FROM student_history c WHERE c.uid = h.uid AND c.action = 'created')
+		FROM student_history h WHERE h.id = (SELECT MAX(id) FROM student_history l WHERE l.uid = h.uid)`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]entry{}
+	for rows.Next() {
+		var uid string
+		var e entry
+		if err := rows.Scan(&uid, &e.action, &e.studentName, &e.school, &e.generation, &e.created); err != nil {
+			return nil, err
+		}
+		out[uid] = e
+	}
+	return out, rows.Err()
+}
 
 // row is one registry row as read by the checker, straight from the database: the
 // checker shares no code with the controller's registry package.
@@ -91,6 +121,10 @@ func (c *checker) check(ctx context.Context) (violations, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the registry: %w", err)
 	}
+	history, err := readHistory(ctx, c.db)
+	if err != nil {
+		return nil, fmt.Errorf("read the registry's history: %w", err)
+	}
 	v := violations{}
 	live := map[string]*studentv1.Student{} // by namespace/name
 	liveUIDs := map[string]bool{}
@@ -127,6 +161,7 @@ func (c *checker) check(ctx context.Context) (violations, error) {
 		if uid == "" {
 			continue // not created yet
 		}
+		c.checkHistory(v, key, uid, r, hasRow, deleted, history[uid])
 		if deleted {
 			if obj != nil && obj.DeletionTimestamp == nil {
 				v.add(invDeleted, "%s: deleted, still there", key)
@@ -169,6 +204,37 @@ func (c *checker) check(ctx context.Context) (violations, error) {
 		v.add(invLogs, "%s", line)
 	}
 	return v, nil
+}
+
+// checkHistory checks the history of one Student's row against the row: a write
+// without its history entry leaves the last entry behind the row, a history entry
+// without its write (a rolled-back write recorded anyway) puts it ahead.
+func (c *checker) checkHistory(v violations, key, uid string, r row, hasRow, deleted bool, last entry) {
+	switch {
+	case last.action == "":
+		if hasRow {
+			v.add(invHistory, "%s (uid %s): a row, no history", key, uid)
+		}
+		return
+	case last.created > 1:
+		v.add(invHistory, "%s: created %d times", key, last.created)
+	}
+	switch {
+	case !hasRow:
+		if !deleted || last.action != "deleted" {
+			v.add(invHistory, "%s: no row, the history ends with %q (deleted: %v)", key, last.action, deleted)
+		}
+	case r.owner == "":
+		if last.action != "released" {
+			v.add(invHistory, "%s: row released, the history ends with %q", key, last.action)
+		}
+	case r.owner == c.owner:
+		if last.action == "deleted" || last.action == "released" || last.studentName != r.studentName || last.school != r.school ||
+			last.generation != r.generation {
+			v.add(invHistory, "%s: row %q/%q at generation %d, the history ends with %s %q/%q at %d", key,
+				r.studentName, r.school, r.generation, last.action, last.studentName, last.school, last.generation)
+		}
+	}
 }
 
 func (r row) fields() string {
