@@ -49,7 +49,7 @@ func TestSyncSpans(t *testing.T) {
 	}
 	attrs := map[attribute.Key]string{}
 	for _, kv := range root.Attributes() {
-		attrs[kv.Key] = kv.Value.Emit()
+		attrs[kv.Key] = kv.Value.String()
 	}
 	want := map[attribute.Key]string{AttrStudent: "school/a", AttrUID: "uid-a", AttrGeneration: "1", AttrResult: resultSuccess}
 	if diff := cmp.Diff(want, attrs); diff != "" {
