@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -64,6 +65,30 @@ func (u *uninstallCluster) populate(t *testing.T) {
 		}
 		waitAllReadyIn(t, u.students.BolingcavalryV1().Students(ns), 5, time.Minute)
 	}
+}
+
+// overlay writes a kustomize overlay of config/default whose controller has args
+// after its own, and returns its folder.
+func (u *uninstallCluster) overlay(t *testing.T, args ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	base, err := filepath.Rel(dir, filepath.Join(u.cp.Root, "config", "default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []map[string]string
+	for _, arg := range args {
+		ops = append(ops, map[string]string{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": arg})
+	}
+	patch, err := json.Marshal(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomization := fmt.Sprintf("resources: [%s]\npatches:\n  - target: {kind: Deployment, name: student-controller}\n    patch: '%s'\n", base, patch)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // uninstall runs hack/uninstall.sh --yes on the cluster: kustomize, or helm RELEASE
@@ -244,18 +269,7 @@ func TestUninstall(t *testing.T) {
 			waitAllReadyIn(t, u.students.BolingcavalryV1().Students(ns), 4, time.Minute)
 		}
 
-		overlay := t.TempDir()
-		base, err := filepath.Rel(overlay, filepath.Join(u.cp.Root, "config", "default"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources: [`+base+`]
-patches:
-  - target: {kind: Deployment, name: student-controller}
-    patch: '[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--selector"}, {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "team=a"}]'
-`), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		overlay := u.overlay(t, "--selector", "team=a")
 		if out, err := u.uninstall("2m", "kustomize", overlay); exitCode(err) != 1 || !strings.Contains(out, "cannot read") {
 			t.Errorf("hack/uninstall.sh with --selector and its value apart: exit %d, want 1 and a refusal:\n%s", exitCode(err), out)
 		}
@@ -294,18 +308,7 @@ patches:
 	// every Student with it), and so does the registry's claim with its rows.
 	t.Run("kustomize, one namespace", func(t *testing.T) {
 		u := newUninstallCluster(t)
-		overlay := t.TempDir()
-		base, err := filepath.Rel(overlay, filepath.Join(u.cp.Root, "config", "default"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources: [`+base+`]
-patches:
-  - target: {kind: Deployment, name: student-controller}
-    patch: '[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--namespace=school-a"}]'
-`), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		overlay := u.overlay(t, "--namespace=school-a")
 		if out, err := exec.Command("kubectl", "--kubeconfig", u.cp.Kubeconfig, "apply", "-k", overlay).CombinedOutput(); err != nil {
 			t.Fatalf("kubectl apply -k: %v\n%s", err, out)
 		}

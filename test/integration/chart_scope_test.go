@@ -11,9 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2/ktesting"
-	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/student-controller/student-controller/internal/controller"
 )
@@ -37,24 +35,14 @@ watchSelector:
 	out := helm(ctx, t, "template", chartRelease, chartDir, "--namespace", chartNS, "--kube-version", kubeVersion, "--values", values)
 	var d appsv1.Deployment
 	var binding admissionregistrationv1.MutatingAdmissionPolicyBinding
-	docs := yaml.NewYAMLReader(bufioReader([]byte(out)))
-	for {
-		doc, err := docs.Read()
-		if err != nil {
-			break
-		}
-		var meta metav1.TypeMeta
-		_ = sigsyaml.Unmarshal(doc, &meta)
-		switch meta.Kind {
+	forEachObject(t, []byte(out), func(kind string, decode func(into any)) {
+		switch kind {
 		case "Deployment":
-			err = sigsyaml.Unmarshal(doc, &d)
+			decode(&d)
 		case "MutatingAdmissionPolicyBinding":
-			err = sigsyaml.Unmarshal(doc, &binding)
+			decode(&binding)
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	flags := map[string]string{}
 	for _, arg := range d.Spec.Template.Spec.Containers[0].Args {
 		if name, value, ok := strings.Cut(strings.TrimPrefix(arg, "--"), "="); ok {
@@ -95,5 +83,12 @@ watchSelector:
 	}
 	if !scope.Selector.Matches(labels.Set{"team": "blue", "tier": "gold"}) {
 		t.Errorf("--selector=%q does not match team=blue,tier=gold", flags["selector"])
+	}
+
+	// The list form, as helm --set writes it.
+	out = helm(ctx, t, "template", chartRelease, chartDir, "--namespace", chartNS, "--kube-version", kubeVersion,
+		"--set", "watchNamespace={school-b,school-a}")
+	if !strings.Contains(out, "- --namespace=school-a,school-b\n") {
+		t.Errorf("watchNamespace={school-b,school-a} renders no --namespace=school-a,school-b:\n%s", out)
 	}
 }

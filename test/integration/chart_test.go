@@ -202,27 +202,16 @@ func TestChartKeepsTheRegistry(t *testing.T) {
 	deployment := func(out []byte) (appsv1.Deployment, map[string]bool) {
 		var d appsv1.Deployment
 		claims := map[string]bool{}
-		docs := yaml.NewYAMLReader(bufioReader(out))
-		for {
-			doc, err := docs.Read()
-			if err != nil {
-				break
-			}
-			var meta metav1.TypeMeta
-			_ = sigsyaml.Unmarshal(doc, &meta)
-			switch meta.Kind {
+		forEachObject(t, out, func(kind string, decode func(into any)) {
+			switch kind {
 			case "Deployment":
-				if err := sigsyaml.Unmarshal(doc, &d); err != nil {
-					t.Fatal(err)
-				}
+				decode(&d)
 			case "PersistentVolumeClaim":
 				var c corev1.PersistentVolumeClaim
-				if err := sigsyaml.Unmarshal(doc, &c); err != nil {
-					t.Fatal(err)
-				}
+				decode(&c)
 				claims[c.Name] = true
 			}
-		}
+		})
 		return d, claims
 	}
 
@@ -260,4 +249,24 @@ func TestChartKeepsTheRegistry(t *testing.T) {
 		t.Fatal("PostgreSQL: no password Secret mounted")
 	}
 	assertReadableAsPod(t, d.Spec.Template.Spec, secret)
+}
+
+// forEachObject calls fn with the kind of each object of a rendered chart and a
+// function that decodes it (failing the test when it cannot).
+func forEachObject(t *testing.T, out []byte, fn func(kind string, decode func(into any))) {
+	t.Helper()
+	docs := yaml.NewYAMLReader(bufioReader(out))
+	for {
+		doc, err := docs.Read()
+		if err != nil {
+			return
+		}
+		var meta metav1.TypeMeta
+		_ = sigsyaml.Unmarshal(doc, &meta)
+		fn(meta.Kind, func(into any) {
+			if err := sigsyaml.Unmarshal(doc, into); err != nil {
+				t.Fatalf("%s: %v", meta.Kind, err)
+			}
+		})
+	}
 }
