@@ -103,9 +103,7 @@ func (s Scope) rowsIn(rows []registry.Record) []registry.Record {
 // Student up in its namespace's informer and lists them all.
 type Informers struct {
 	factories []externalversions.SharedInformerFactory
-	informers []cache.SharedIndexInformer
-	listers   map[string]listers.StudentLister // by namespace; "" when one informer has all
-	indexers  map[string]cache.Indexer
+	informers map[string]cache.SharedIndexInformer // by namespace; "" when one has all
 }
 
 // NewInformers returns the informers of scope, resynced every resync, trimmed by
@@ -120,7 +118,7 @@ func NewInformers(client versioned.Interface, scope Scope, resync time.Duration)
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
 	}
-	in := &Informers{listers: make(map[string]listers.StudentLister, len(namespaces)), indexers: make(map[string]cache.Indexer, len(namespaces))}
+	in := &Informers{informers: make(map[string]cache.SharedIndexInformer, len(namespaces))}
 	tweak := func(*metav1.ListOptions) {}
 	if scope.Labeled() {
 		selector := scope.Selector.String()
@@ -133,9 +131,7 @@ func NewInformers(client versioned.Interface, scope Scope, resync time.Duration)
 				ResyncPeriod: resync, InformerName: f.InformerName(), TweakListOptions: tweak})
 		})
 		in.factories = append(in.factories, f)
-		in.informers = append(in.informers, informer)
-		in.listers[ns] = listers.NewStudentLister(informer.GetIndexer())
-		in.indexers[ns] = informer.GetIndexer()
+		in.informers[ns] = informer
 	}
 	return in
 }
@@ -178,21 +174,25 @@ func (in *Informers) addEventHandler(handler cache.ResourceEventHandler) error {
 // of all namespaces); nil for a namespace outside the scope. Tests and benchmarks fill
 // it directly, as a watch would.
 func (in *Informers) Store(namespace string) cache.Store {
-	if i, ok := in.indexers[metav1.NamespaceAll]; ok {
-		return i
+	if i, ok := in.informers[metav1.NamespaceAll]; ok {
+		return i.GetIndexer()
 	}
-	if i, ok := in.indexers[namespace]; ok {
-		return i
+	if i, ok := in.informers[namespace]; ok {
+		return i.GetIndexer()
 	}
 	return nil
 }
 
 // Lister lists and gets the Students of every informer.
 func (in *Informers) Lister() listers.StudentLister {
-	if l, ok := in.listers[metav1.NamespaceAll]; ok {
-		return l
+	if i, ok := in.informers[metav1.NamespaceAll]; ok {
+		return listers.NewStudentLister(i.GetIndexer())
 	}
-	return scopeLister(in.listers)
+	l := make(scopeLister, len(in.informers))
+	for ns, i := range in.informers {
+		l[ns] = listers.NewStudentLister(i.GetIndexer())
+	}
+	return l
 }
 
 // scopeLister is the lister of the informers of several namespaces, by namespace.

@@ -137,15 +137,17 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	var errs []error
 	for _, row := range plan.Orphans {
 		// The cache may be behind the API server; a row is deleted only when the API
-		// server, asked now (again, with a selector), has no Student of its UID.
-		live, err := c.studentExists(ctx, row)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if live {
-			result.Live++
-			continue
+		// server, asked now, has no Student of its UID (withoutLive asked already).
+		if !c.cfg.Scope.Labeled() {
+			live, err := c.studentExists(ctx, row)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if live {
+				result.Live++
+				continue
+			}
 		}
 		outcome, err := c.write.relinquish(ctx, row.UID, c.cfg.Owner, registry.CauseSweep)
 		if errors.Is(err, ErrNotLeading) {
