@@ -23,22 +23,29 @@ type contender struct {
 	// createdWithFinalizer: the loader creates the Students with the finalizer already
 	// on them (the status-only floor: the policy's effect, without the policy's cost).
 	createdWithFinalizer bool
+	// postgres: its registry is a database of the bench's PostgreSQL, not a SQLite file.
+	postgres bool
 }
 
-type binaries struct{ controller, peer, floor string }
+type binaries struct{ controller, controllerNoHistory, peer, floor string }
 
 func build(ctx context.Context, root, scratch string) (binaries, error) {
 	b := binaries{
-		controller: filepath.Join(scratch, "student-controller"),
-		peer:       filepath.Join(scratch, "peer"),
-		floor:      filepath.Join(scratch, "floor"),
+		controller:          filepath.Join(scratch, "student-controller"),
+		controllerNoHistory: filepath.Join(scratch, "student-controller-no-history"),
+		peer:                filepath.Join(scratch, "peer"),
+		floor:               filepath.Join(scratch, "floor"),
 	}
-	for pkg, out := range map[string]string{
-		"./cmd/student-controller": b.controller, "./test/bench/peer": b.peer, "./test/bench/floor": b.floor,
+	// Static, as the image ships it (and as kubebuilder's Dockerfile builds).
+	for _, bin := range []ctrlbin.Build{
+		{Package: "./cmd/student-controller", Out: b.controller},
+		{Package: "./cmd/student-controller", Out: b.controllerNoHistory, Tags: "bench_nohistory"},
+		{Package: "./test/bench/peer", Out: b.peer},
+		{Package: "./test/bench/floor", Out: b.floor},
 	} {
-		say("building %s", pkg)
-		// Static, as the image ships it (and as kubebuilder's Dockerfile builds).
-		if _, err := (ctrlbin.Build{Package: pkg, Static: true, Root: root, Out: out}).Run(ctx); err != nil {
+		say("building %s %s", bin.Package, bin.Tags)
+		bin.Static, bin.Root = true, root
+		if _, err := bin.Run(ctx); err != nil {
 			return b, err
 		}
 	}
@@ -60,6 +67,21 @@ func contenders(b binaries) []contender {
 		{
 			name: "student-controller", describe: "as shipped: defaults, with config/admission's policy installed (the API server adds the finalizer on create)",
 			bin: b.controller, registry: true, reconciles: "student_controller_reconcile_total", policy: true,
+			args: controllerArgs(),
+		},
+		{
+			name: noHistory, describe: "as shipped, built without the history row (-tags bench_nohistory, which no shipped build uses): what the history costs on SQLite",
+			bin: b.controllerNoHistory, registry: true, reconciles: "student_controller_reconcile_total", policy: true,
+			args: controllerArgs(),
+		},
+		{
+			name: onPostgres, describe: "as shipped, on PostgreSQL (Debian's 15, started by the bench with fsync off, on the same machine)",
+			bin: b.controller, registry: true, reconciles: "student_controller_reconcile_total", policy: true, postgres: true,
+			args: controllerArgs(),
+		},
+		{
+			name: onPostgresNoHistory, describe: "as shipped, on PostgreSQL, built without the history row: what the history costs on PostgreSQL",
+			bin: b.controllerNoHistory, registry: true, reconciles: "student_controller_reconcile_total", policy: true, postgres: true,
 			args: controllerArgs(),
 		},
 		{
@@ -95,4 +117,12 @@ func contenders(b binaries) []contender {
 const (
 	floorTwoWrites  = "floor"
 	floorStatusOnly = "floor-status-only"
+)
+
+// The contenders that show what the history costs, each beside the one it differs
+// from only by the history: student-controller on SQLite, onPostgres on PostgreSQL.
+const (
+	noHistory           = "student-controller-no-history"
+	onPostgres          = "student-controller-postgres"
+	onPostgresNoHistory = "student-controller-postgres-no-history"
 )

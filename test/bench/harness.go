@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the PostgreSQL driver
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -41,6 +43,8 @@ type harness struct {
 	// steady memory is measured: both for investigating one contender (-only).
 	flags []string
 	hold  time.Duration
+	// pg is the PostgreSQL the contenders with a PostgreSQL registry use.
+	pg *pgtest.Server
 }
 
 // point is the number of Ready Students at a time since the loader started.
@@ -78,6 +82,13 @@ type result struct {
 	RestartSeconds  float64 `json:"restartSeconds"`
 	RestartWrites   int     `json:"restartWrites"`
 
+	// RegistryBytes is the size of the registry once converged: the SQLite file's pages,
+	// or the PostgreSQL database's tables with their indexes.
+	RegistryBytes int64 `json:"registryBytes,omitempty"`
+	// HistoryRows are the registry's history rows once converged: N, or none from the
+	// build without the history.
+	HistoryRows int `json:"historyRows,omitempty"`
+
 	DeleteDone    bool    `json:"deleteDone"`
 	DeleteSeconds float64 `json:"deleteSeconds"`
 	DeleteLeft    int     `json:"deleteLeft"`
@@ -103,8 +114,11 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	registryFile := filepath.Join(h.scratch, c.name+".db")
-	registryURL := "sqlite://" + registryFile
+	reg, err := h.registryFor(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	registryURL := reg.url
 
 	obs, err := h.observe(ctx, ns.Name)
 	if err != nil {
@@ -128,7 +142,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		if !c.registry {
 			return h.n
 		}
-		return countRows(registryFile, ns.Name)
+		return reg.rows(ns.Name)
 	}
 	r.Converged, err = p.WaitUntil(ctx, h.phase-time.Since(start), func() bool { return obs.ready.Load() == int64(h.n) && rows() == h.n })
 	if err != nil {
@@ -145,6 +159,14 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		return nil, err
 	}
 	r.Timeline = timeline()
+	if c.registry {
+		if r.RegistryBytes, err = reg.size(); err != nil {
+			return nil, err
+		}
+		if err := reg.query(`SELECT count(*) FROM student_history`, nil, &r.HistoryRows); err != nil {
+			return nil, fmt.Errorf("count the history rows: %w", err)
+		}
+	}
 
 	counts, err := scrapeRequests(p.metricsAddr)
 	if err != nil {
@@ -202,7 +224,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if err := h.deleteAll(ctx, ns.Name); err != nil {
 		return nil, err
 	}
-	r.DeleteDone, err = p.WaitUntil(ctx, h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || countRows(registryFile, ns.Name) == 0) })
+	r.DeleteDone, err = p.WaitUntil(ctx, h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || reg.rows(ns.Name) == 0) })
 	if err != nil {
 		return nil, fmt.Errorf("delete: %w", err)
 	}
@@ -408,17 +430,65 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func countRows(file, ns string) int {
-	db, err := sql.Open("sqlite", "file:"+file+"?mode=ro&_pragma=busy_timeout(5000)")
-	if err != nil {
-		return -1
+// registryDB is a contender's registry, as the bench reads it beside the contender.
+type registryDB struct {
+	url    string // the contender's --registry
+	driver string // and how the bench opens it: read-only for SQLite
+	dsn    string
+	// sizeSQL returns the registry's size in bytes.
+	sizeSQL string
+}
+
+// registryFor makes a new, empty registry for contender c: a SQLite file in the
+// scratch folder, or a new database of the bench's PostgreSQL.
+func (h *harness) registryFor(ctx context.Context, c contender) (registryDB, error) {
+	if !c.postgres {
+		file := filepath.Join(h.scratch, c.name+".db")
+		return registryDB{
+			url: "sqlite://" + file, driver: "sqlite", dsn: "file:" + file + "?mode=ro&_pragma=busy_timeout(5000)",
+			sizeSQL: `SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()`,
+		}, nil
 	}
-	defer db.Close()
+	if h.pg == nil {
+		return registryDB{}, fmt.Errorf("%s needs PostgreSQL, which the bench did not start", c.name)
+	}
+	name := strings.ReplaceAll(c.name, "-", "_")
+	if err := h.pg.CreateDatabase(ctx, name); err != nil {
+		return registryDB{}, err
+	}
+	url := h.pg.URL(name, true)
+	return registryDB{
+		url: url, driver: "pgx", dsn: url,
+		sizeSQL: `SELECT CAST(coalesce(sum(pg_total_relation_size(c.oid)), 0) AS bigint) FROM pg_class c
+			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relkind = 'r'`,
+	}, nil
+}
+
+// rows counts the owned rows of namespace ns; -1 when the registry cannot be read (yet).
+func (r registryDB) rows(ns string) int {
 	var n int
-	if err := db.QueryRow(`SELECT count(*) FROM students WHERE namespace = $1 AND owner IS NOT NULL`, ns).Scan(&n); err != nil {
+	if err := r.query(`SELECT count(*) FROM students WHERE namespace = $1 AND owner IS NOT NULL`, []any{ns}, &n); err != nil {
 		return -1
 	}
 	return n
+}
+
+// size is the registry's size in bytes.
+func (r registryDB) size() (int64, error) {
+	var n int64
+	if err := r.query(r.sizeSQL, nil, &n); err != nil {
+		return 0, fmt.Errorf("the size of the registry: %w", err)
+	}
+	return n, nil
+}
+
+func (r registryDB) query(q string, args []any, into any) error {
+	db, err := sql.Open(r.driver, r.dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.QueryRow(q, args...).Scan(into)
 }
 
 // scrapeRequests sums client-go's rest_client_requests_total by HTTP method.

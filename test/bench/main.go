@@ -22,11 +22,20 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
 func main() {
+	// envtest installs the CRD and logs through controller-runtime's logger: its
+	// progress lines are not ours to show (its errors come back as errors), and
+	// without a logger set it prints a stack trace once the program is 30 s old
+	// (a first run spends longer building).
+	ctrllog.SetLogger(logr.Discard())
 	n := flag.Int("n", 500, "Students per contender")
 	out := flag.String("out", "bench/results", "folder for the results")
 	scratch := flag.String("scratch", "bench/scratch", "folder for binaries, registries and logs (not committed)")
@@ -81,8 +90,13 @@ var skippedWhy = map[string]string{
 	"student-controller-no-policy": "its targets are set at N = 10000; it makes student-controller's syncs plus the finalizer write per Student",
 	"original-settings": "its client limit (QPS 5, burst 10) sets its pace whatever N is, so a run here would only be cut off and " +
 		"projected from the same rate",
-	floorTwoWrites: "the targets at this N are against the status-only floor, the one write a controller makes with the policy",
+	floorTwoWrites:      "the targets at this N are against the status-only floor, the one write a controller makes with the policy",
+	noHistory:           historyAtTargetN,
+	onPostgres:          historyAtTargetN,
+	onPostgresNoHistory: historyAtTargetN,
 }
+
+const historyAtTargetN = "what the history costs is measured at N = 10000"
 
 func run(n int, outDir, scratch string, phase time.Duration, picked []string, inv investigation) error {
 	var names []string
@@ -121,8 +135,18 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 	if err := os.MkdirAll(scratch, 0o755); err != nil {
 		return err
 	}
+	// One PostgreSQL for the sweeps and the contenders with a PostgreSQL registry, each
+	// in a database of its own.
+	var pg *pgtest.Server
+	if inv.only == "" || inv.only == onlySweep || inv.only == onPostgres || inv.only == onPostgresNoHistory {
+		say("starting PostgreSQL (Debian's, fsync off)")
+		if pg, err = pgtest.Start(ctx); err != nil {
+			return fmt.Errorf("start PostgreSQL: %w", err)
+		}
+		defer pg.Close()
+	}
 	if inv.only == onlySweep { // the sweeps need no control plane
-		_, err := measureSweeps(ctx, n, scratch)
+		_, err := measureSweeps(ctx, n, scratch, pg)
 		return err
 	}
 	rev := revision() // what is built now, not what the tree holds once the run is over
@@ -134,7 +158,7 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 	// there must not cost the contenders' half hour.
 	var sweeps []sweepResult
 	if inv.only == "" {
-		if sweeps, err = measureSweeps(ctx, n, scratch); err != nil {
+		if sweeps, err = measureSweeps(ctx, n, scratch, pg); err != nil {
 			return err
 		}
 	}
@@ -156,7 +180,7 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 		n: n, phase: phase, scratch: scratch, kubeconfig: env.Kubeconfig,
 		kube:     kubernetes.NewForConfigOrDie(cfg),
 		students: versioned.NewForConfigOrDie(cfg),
-		flags:    inv.flags, hold: inv.hold,
+		flags:    inv.flags, hold: inv.hold, pg: pg,
 		policy: func(ctx context.Context, installed bool) error {
 			if installed {
 				return env.InstallAdmissionPolicy(ctx)

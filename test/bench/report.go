@@ -192,6 +192,7 @@ func markdown(rep report, from *report) string {
 		}
 	}
 	b.WriteString(sweepTable(rep))
+	b.WriteString(historyTable(rep))
 	if from != nil {
 		b.WriteString(scaleTargets(rep, from))
 	} else {
@@ -374,6 +375,46 @@ func sweepTable(rep report) string {
 	return b.String()
 }
 
+// historyTable sets each registry's contender beside the same build without the
+// history, when the run has both.
+func historyTable(rep report) string {
+	by := map[string]*result{}
+	for _, r := range rep.Results {
+		by[r.Name] = r
+	}
+	var b strings.Builder
+	for _, pair := range []struct{ registry, with, without string }{
+		{"SQLite", "student-controller", noHistory},
+		{"PostgreSQL", onPostgres, onPostgresNoHistory},
+	} {
+		with, without := by[pair.with], by[pair.without]
+		if with == nil || without == nil {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("\n## What the history costs\n\n")
+			b.WriteString("Each registry's contender beside the same build compiled without the history row " +
+				"(`-tags bench_nohistory`; no shipped build leaves it out). With the history, each row write " +
+				"inserts one more row in the same transaction: N on converging, N more on deleting all. The size is " +
+				"the registry's once converged: the SQLite file's pages, or the PostgreSQL database's tables with their " +
+				"indexes. One run each: a difference of a second or two in time is within what runs of one build differ by.\n\n")
+			b.WriteString("| registry | converge: with, without | CPU to converge | delete all | history rows once converged | registry size per Student | history's share of the size |\n|---|---|---|---|---|---|---|\n")
+		}
+		seconds := func(w, wo float64) string {
+			return fmt.Sprintf("%.1f s, %.1f s (%+.0f%%)", w, wo, (w/wo-1)*100)
+		}
+		share := "–"
+		if with.RegistryBytes > 0 {
+			share = fmt.Sprintf("%.0f%%", float64(with.RegistryBytes-without.RegistryBytes)/float64(with.RegistryBytes)*100)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d, %d | %.0f B, %.0f B | %s |\n", pair.registry,
+			seconds(with.ProjectedSeconds, without.ProjectedSeconds), seconds(with.ConvergeCPUSeconds, without.ConvergeCPUSeconds),
+			seconds(with.DeleteSeconds, without.DeleteSeconds), with.HistoryRows, without.HistoryRows,
+			float64(with.RegistryBytes)/float64(with.N), float64(without.RegistryBytes)/float64(without.N), share)
+	}
+	return b.String()
+}
+
 func methods(m map[string]float64) string {
 	var parts []string
 	for _, k := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
@@ -422,11 +463,15 @@ func machine() string {
 
 // chart draws Ready Students over time, one line per contender.
 func chart(path string, rep report) error {
-	const w, h, left, right, top, bottom = 960, 560, 70, 20, 40, 80
+	// The legend takes a line under the axis for every three contenders.
+	const w, left, right, top = 960, 70, 20, 40
+	bottom := 44 + 18*((len(rep.Results)+2)/3)
+	h := 480 + bottom
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
 	draw.Draw(img, img.Bounds(), image.NewUniform(color.White), image.Point{}, draw.Src)
 	colors := []color.RGBA{{31, 119, 180, 255}, {214, 39, 40, 255}, {44, 160, 44, 255}, {127, 127, 127, 255},
-		{255, 127, 14, 255}, {148, 103, 189, 255}}
+		{255, 127, 14, 255}, {148, 103, 189, 255}, {140, 86, 75, 255}, {227, 119, 194, 255}, {188, 189, 34, 255},
+		{23, 190, 207, 255}}
 
 	maxT := 1.0
 	for _, r := range rep.Results {
@@ -457,7 +502,7 @@ func chart(path string, rep report) error {
 			line(img, x(a.Seconds), y(a.Ready), x(b.Seconds), y(b.Ready), c)
 			line(img, x(a.Seconds), y(a.Ready)+1, x(b.Seconds), y(b.Ready)+1, c)
 		}
-		lx, ly := left+10+(i%3)*300, h-34+(i/3)*18 // three to a row
+		lx, ly := left+10+(i%3)*300, h-bottom+44+(i/3)*18 // three to a row
 		line(img, lx, ly-4, lx+20, ly-4, c)
 		line(img, lx, ly-3, lx+20, ly-3, c)
 		text(img, lx+26, ly, r.Name, black)

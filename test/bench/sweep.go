@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // the PostgreSQL driver
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
@@ -43,12 +42,7 @@ const sweepRuns = 3
 // running controller calls every --sweep-interval (Controller.Sweep: list the owned
 // rows, compare each with the cache; nothing to repair, nothing to delete). The API
 // server plays no part in a sweep, so the Students go straight into the cache.
-func measureSweeps(ctx context.Context, n int, scratch string) ([]sweepResult, error) {
-	pg, err := pgtest.Start(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("start PostgreSQL for the sweep: %w", err)
-	}
-	defer pg.Close()
+func measureSweeps(ctx context.Context, n int, scratch string, pg *pgtest.Server) ([]sweepResult, error) {
 	if err := pg.CreateDatabase(ctx, "sweep"); err != nil {
 		return nil, err
 	}

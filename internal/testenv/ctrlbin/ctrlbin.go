@@ -26,6 +26,8 @@ type Build struct {
 	Race bool
 	// Static builds with CGO_ENABLED=0, as the image ships the controller (the bench).
 	Static bool
+	// Tags are build tags, comma-separated (the bench's contender without the history).
+	Tags string
 	// Root is the repository; found from this file when empty.
 	Root string
 	// Out is the binary's path; a file in a new temporary folder when empty.
@@ -66,6 +68,9 @@ func (b Build) Run(ctx context.Context) (path string, err error) {
 		// As go vet (make verify), make build and make image compile: they share
 		// every package.
 		args = append(args, "-trimpath")
+	}
+	if b.Tags != "" {
+		args = append(args, "-tags", b.Tags)
 	}
 	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...) // #nosec G204 -- go build of this repository's packages
 	cmd.Dir = root
