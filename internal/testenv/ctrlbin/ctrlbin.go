@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,7 +71,7 @@ func (b Build) Run(ctx context.Context) (path string, err error) {
 		args = append(args, "-trimpath")
 	}
 	if b.Tags != "" {
-		args = append(args, "-tags", b.Tags)
+		args = append(args, "-tags", withTagsOf(os.Getenv("GOFLAGS"), b.Tags))
 	}
 	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...) // #nosec G204 -- go build of this repository's packages
 	cmd.Dir = root
@@ -81,6 +82,17 @@ func (b Build) Run(ctx context.Context) (path string, err error) {
 		return "", fmt.Errorf("go %v: %v\n%s", cmd.Args[1:], err, o)
 	}
 	return out, nil
+}
+
+// withTagsOf adds the build tags that goflags (GOFLAGS) gives to tags: a -tags flag
+// replaces GOFLAGS' own, and the Makefile's (grpcnotrace) must stay.
+func withTagsOf(goflags, tags string) string {
+	for _, f := range strings.Fields(goflags) {
+		if v, ok := strings.CutPrefix(strings.TrimLeft(f, "-"), "tags="); ok && v != "" {
+			tags = v + "," + tags
+		}
+	}
+	return tags
 }
 
 var (
