@@ -10,14 +10,12 @@ SHELL := /usr/bin/env bash
 GOTOOLCHAIN ?= go1.26.10
 export GOTOOLCHAIN
 
-# grpc, linked for OTLP traces, leaves out golang.org/x/net/trace with this tag. That
-# package serves pages through html/template, which can call any method by name, so
-# while it is linked the linker keeps every exported method of every type in the
-# binary: 28 MB more controller binary and about 17 MiB more resident memory (build
-# 19ac8b6; docs/benchmarks.md). Every go command that make runs gets it, the tests'
-# builds and the bench's too; TestLinksNoTemplates checks the controller's build.
-GOFLAGS += -tags=grpcnotrace
-export GOFLAGS
+# The build tags of the shipped controller (make build, make image; the tests' and the
+# bench's builds take the same from ctrlbin.ShippedTags, and a test checks the two
+# agree). grpcnotrace: grpc, linked for OTLP traces, leaves out golang.org/x/net/trace,
+# whose html/template would keep the linker from dropping any exported method
+# (bench/results/tuning.md has what it cost).
+GO_TAGS := grpcnotrace
 
 GO_TEST_FLAGS ?=
 
@@ -42,7 +40,9 @@ verify: ## Fail when generated code or docs are stale, code is unformatted or go
 	@# -trimpath as make build, make image and the tests' builds have it: vet compiles
 	@# every package, and these builds then find them compiled (a cold CI run compiles
 	@# them once, not twice).
-	go vet -trimpath ./...
+	go vet -trimpath -tags $(GO_TAGS) ./...
+	@# The bench's build without the history row, which nothing else compiles.
+	go vet -trimpath -tags $(GO_TAGS),bench_nohistory ./internal/registry
 	go mod tidy -diff
 	cd hack/tools/controlplane && go mod tidy -diff
 	cd hack/tools/helm && go mod tidy -diff
@@ -70,7 +70,7 @@ packages: ## Install the Debian packages the tests and the node run (PostgreSQL,
 build: ## Build the controller (bin/student-controller) and the local launcher (bin/student-dev).
 	@# -trimpath as make image has it: the two share every compiled package (a cold build
 	@# of them is minutes; bench/results/ci-cold.md).
-	CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/student-controller ./cmd/student-controller
+	CGO_ENABLED=0 go build -trimpath -tags $(GO_TAGS) -ldflags "-X main.version=$(VERSION)" -o bin/student-controller ./cmd/student-controller
 	go build -trimpath -o bin/student-dev ./cmd/student-dev
 
 IMAGE_DIR ?= bin/image
@@ -81,7 +81,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 image: ## Build the controller's image as an OCI layout in bin/image/oci, no Docker engine needed; prints its digest. IMAGE_PUSH=REGISTRY/REPO:TAG pushes it too.
 	@mkdir -p $(IMAGE_DIR)
 	@# Reproducible: no paths, build ID or VCS stamp in the binary; hack/tools/image fixes every timestamp.
-	@CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -buildvcs=false -trimpath -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
+	@CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
 		-o $(abspath $(IMAGE_DIR))/student-controller ./cmd/student-controller
 	@cd hack/tools/image && go run . -binary $(abspath $(IMAGE_DIR))/student-controller -out $(abspath $(IMAGE_DIR))/oci \
 		-version $(VERSION) -revision "$(REVISION)" $(if $(IMAGE_PUSH),-push $(IMAGE_PUSH))

@@ -25,6 +25,8 @@ type contender struct {
 	createdWithFinalizer bool
 	// postgres: its registry is a database of the bench's PostgreSQL, not a SQLite file.
 	postgres bool
+	// withoutHistory: built without the history row (-tags bench_nohistory).
+	withoutHistory bool
 }
 
 type binaries struct{ controller, controllerNoHistory, peer, floor string }
@@ -71,7 +73,7 @@ func contenders(b binaries) []contender {
 		},
 		{
 			name: noHistory, describe: "as shipped, built without the history row (-tags bench_nohistory, which no shipped build uses): what the history costs on SQLite",
-			bin: b.controllerNoHistory, registry: true, reconciles: "student_controller_reconcile_total", policy: true,
+			bin: b.controllerNoHistory, registry: true, reconciles: "student_controller_reconcile_total", policy: true, withoutHistory: true,
 			args: controllerArgs(),
 		},
 		{
@@ -81,7 +83,7 @@ func contenders(b binaries) []contender {
 		},
 		{
 			name: onPostgresNoHistory, describe: "as shipped, on PostgreSQL, built without the history row: what the history costs on PostgreSQL",
-			bin: b.controllerNoHistory, registry: true, reconciles: "student_controller_reconcile_total", policy: true, postgres: true,
+			bin: b.controllerNoHistory, registry: true, reconciles: "student_controller_reconcile_total", policy: true, postgres: true, withoutHistory: true,
 			args: controllerArgs(),
 		},
 		{

@@ -118,7 +118,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	registryURL := reg.url
+	defer reg.drop()
 
 	obs, err := h.observe(ctx, ns.Name)
 	if err != nil {
@@ -126,7 +126,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	}
 	defer obs.stop()
 
-	p, err := h.start(ctx, c, ns.Name, registryURL, "1")
+	p, err := h.start(ctx, c, ns.Name, reg, "1")
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +166,10 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		if err := reg.query(`SELECT count(*) FROM student_history`, nil, &r.HistoryRows); err != nil {
 			return nil, fmt.Errorf("count the history rows: %w", err)
 		}
+		// The pair compares a build with the history and one without: check that each is.
+		if c.withoutHistory && r.HistoryRows != 0 || !c.withoutHistory && r.HistoryRows < h.n {
+			return nil, fmt.Errorf("%d history rows once converged over %d Students, built without the history %v", r.HistoryRows, h.n, c.withoutHistory)
+		}
 	}
 
 	counts, err := scrapeRequests(p.metricsAddr)
@@ -195,7 +199,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if r.Converged && c.reconciles != "" {
 		p.stop()
 		restarted := time.Now()
-		p, err = h.start(ctx, c, ns.Name, registryURL, "2")
+		p, err = h.start(ctx, c, ns.Name, reg, "2")
 		if err != nil {
 			return nil, err
 		}
@@ -379,7 +383,7 @@ type process struct {
 	metricsAddr, probeAddr string
 }
 
-func (h *harness) start(ctx context.Context, c contender, ns, registryURL, run string) (*process, error) {
+func (h *harness) start(ctx context.Context, c contender, ns string, reg registryDB, run string) (*process, error) {
 	p := &process{}
 	for _, addr := range []*string{&p.metricsAddr, &p.probeAddr} {
 		var err error
@@ -391,7 +395,8 @@ func (h *harness) start(ctx context.Context, c contender, ns, registryURL, run s
 	p.Process, err = proc.Start(proc.Spec{
 		Name: c.name,
 		Path: c.bin,
-		Args: append(c.args(h, ns, registryURL, p.metricsAddr, p.probeAddr), h.flags...),
+		Args: append(c.args(h, ns, reg.url, p.metricsAddr, p.probeAddr), h.flags...),
+		Env:  reg.env,
 		Log:  filepath.Join(h.scratch, c.name+"-"+run+".log"),
 	})
 	if err != nil {
@@ -432,11 +437,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // registryDB is a contender's registry, as the bench reads it beside the contender.
 type registryDB struct {
-	url    string // the contender's --registry
-	driver string // and how the bench opens it: read-only for SQLite
+	url    string   // the contender's --registry
+	env    []string // and its environment (the password, as a Secret would give it)
+	driver string   // how the bench opens it: read-only for SQLite
 	dsn    string
 	// sizeSQL returns the registry's size in bytes.
 	sizeSQL string
+	// drop removes the registry once measured.
+	drop func()
 }
 
 // registryFor makes a new, empty registry for contender c: a SQLite file in the
@@ -447,6 +455,7 @@ func (h *harness) registryFor(ctx context.Context, c contender) (registryDB, err
 		return registryDB{
 			url: "sqlite://" + file, driver: "sqlite", dsn: "file:" + file + "?mode=ro&_pragma=busy_timeout(5000)",
 			sizeSQL: `SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()`,
+			drop:    func() {}, // the scratch folder goes at the next run
 		}, nil
 	}
 	if h.pg == nil {
@@ -456,9 +465,14 @@ func (h *harness) registryFor(ctx context.Context, c contender) (registryDB, err
 	if err := h.pg.CreateDatabase(ctx, name); err != nil {
 		return registryDB{}, err
 	}
-	url := h.pg.URL(name, true)
 	return registryDB{
-		url: url, driver: "pgx", dsn: url,
+		url: h.pg.URL(name, false), env: []string{"REGISTRY_PASSWORD=" + pgtest.Password}, driver: "pgx", dsn: h.pg.URL(name, true),
+		// Dropped, so that its dead rows' vacuum does not run into the next contender's turn.
+		drop: func() {
+			if err := h.pg.DropDatabase(context.Background(), name); err != nil {
+				say("  %s: drop its database: %v", c.name, err)
+			}
+		},
 		sizeSQL: `SELECT CAST(coalesce(sum(pg_total_relation_size(c.oid)), 0) AS bigint) FROM pg_class c
 			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relkind = 'r'`,
 	}, nil

@@ -397,20 +397,28 @@ func historyTable(rep report) string {
 				"(`-tags bench_nohistory`; no shipped build leaves it out). With the history, each row write " +
 				"inserts one more row in the same transaction: N on converging, N more on deleting all. The size is " +
 				"the registry's once converged: the SQLite file's pages, or the PostgreSQL database's tables with their " +
-				"indexes. One run each: a difference of a second or two in time is within what runs of one build differ by.\n\n")
+				"indexes. CPU is the controller's own: on PostgreSQL the database's share of the work runs in its server and is not counted. " +
+				"A pair that did not both converge (or finish deleting) shows \"–\". One run each: a difference of a second or two " +
+				"in time is within what runs of one build differ by.\n\n")
 			b.WriteString("| registry | converge: with, without | CPU to converge | delete all | history rows once converged | registry size per Student | history's share of the size |\n|---|---|---|---|---|---|---|\n")
 		}
-		seconds := func(w, wo float64) string {
+		// Only what both measured to the end is set side by side.
+		seconds := func(w, wo float64, done bool) string {
+			if !done || w <= 0 || wo <= 0 {
+				return "–"
+			}
 			return fmt.Sprintf("%.1f s, %.1f s (%+.0f%%)", w, wo, (w/wo-1)*100)
 		}
-		share := "–"
-		if with.RegistryBytes > 0 {
+		converged := with.Converged && without.Converged
+		size, share := "–", "–"
+		if converged && with.RegistryBytes > 0 && without.RegistryBytes > 0 {
+			size = fmt.Sprintf("%.0f B, %.0f B", float64(with.RegistryBytes)/float64(with.N), float64(without.RegistryBytes)/float64(without.N))
 			share = fmt.Sprintf("%.0f%%", float64(with.RegistryBytes-without.RegistryBytes)/float64(with.RegistryBytes)*100)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d, %d | %.0f B, %.0f B | %s |\n", pair.registry,
-			seconds(with.ProjectedSeconds, without.ProjectedSeconds), seconds(with.ConvergeCPUSeconds, without.ConvergeCPUSeconds),
-			seconds(with.DeleteSeconds, without.DeleteSeconds), with.HistoryRows, without.HistoryRows,
-			float64(with.RegistryBytes)/float64(with.N), float64(without.RegistryBytes)/float64(without.N), share)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d, %d | %s | %s |\n", pair.registry,
+			seconds(with.ConvergeSeconds, without.ConvergeSeconds, converged), seconds(with.ConvergeCPUSeconds, without.ConvergeCPUSeconds, converged),
+			seconds(with.DeleteSeconds, without.DeleteSeconds, with.DeleteDone && without.DeleteDone), with.HistoryRows, without.HistoryRows,
+			size, share)
 	}
 	return b.String()
 }

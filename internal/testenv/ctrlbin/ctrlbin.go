@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,11 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
+
+// ShippedTags are the build tags of the controller as make build and make image build
+// it (the Makefile's GO_TAGS; TestShippedTags checks they agree): every build here has
+// them, so that tests and the bench run what ships.
+const ShippedTags = "grpcnotrace"
 
 // Build is one `go build` of a package of this repository.
 type Build struct {
@@ -27,7 +31,8 @@ type Build struct {
 	Race bool
 	// Static builds with CGO_ENABLED=0, as the image ships the controller (the bench).
 	Static bool
-	// Tags are build tags, comma-separated (the bench's contender without the history).
+	// Tags are build tags beside ShippedTags, comma-separated (the bench's contender
+	// without the history).
 	Tags string
 	// Root is the repository; found from this file when empty.
 	Root string
@@ -70,9 +75,11 @@ func (b Build) Run(ctx context.Context) (path string, err error) {
 		// every package.
 		args = append(args, "-trimpath")
 	}
+	tags := ShippedTags
 	if b.Tags != "" {
-		args = append(args, "-tags", withTagsOf(os.Getenv("GOFLAGS"), b.Tags))
+		tags += "," + b.Tags
 	}
+	args = append(args, "-tags", tags)
 	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...) // #nosec G204 -- go build of this repository's packages
 	cmd.Dir = root
 	if b.Static {
@@ -82,17 +89,6 @@ func (b Build) Run(ctx context.Context) (path string, err error) {
 		return "", fmt.Errorf("go %v: %v\n%s", cmd.Args[1:], err, o)
 	}
 	return out, nil
-}
-
-// withTagsOf adds the build tags that goflags (GOFLAGS) gives to tags: a -tags flag
-// replaces GOFLAGS' own, and the Makefile's (grpcnotrace) must stay.
-func withTagsOf(goflags, tags string) string {
-	for _, f := range strings.Fields(goflags) {
-		if v, ok := strings.CutPrefix(strings.TrimLeft(f, "-"), "tags="); ok && v != "" {
-			tags = v + "," + tags
-		}
-	}
-	return tags
 }
 
 var (

@@ -1,16 +1,30 @@
 package ctrlbin
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
 
-func TestWithTagsOf(t *testing.T) {
-	for _, c := range []struct{ goflags, tags, want string }{
-		{"", "bench_nohistory", "bench_nohistory"},
-		{"-tags=grpcnotrace", "bench_nohistory", "grpcnotrace,bench_nohistory"},
-		{"-modcacherw --tags=a,b", "c", "a,b,c"},
-		{"-mod=mod -tags=", "c", "c"},
-	} {
-		if got := withTagsOf(c.goflags, c.tags); got != c.want {
-			t.Errorf("withTagsOf(%q, %q) = %q, want %q", c.goflags, c.tags, got, c.want)
-		}
+	"github.com/student-controller/student-controller/internal/testenv"
+)
+
+// TestShippedTags checks that the tests build the controller with the tags the
+// Makefile builds it with.
+func TestShippedTags(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	makefile, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^GO_TAGS := (.*)$`).FindSubmatch(makefile)
+	if m == nil {
+		t.Fatal("the Makefile sets no GO_TAGS")
+	}
+	if string(m[1]) != ShippedTags {
+		t.Errorf("the Makefile builds with tags %q, the tests with %q (ShippedTags)", m[1], ShippedTags)
 	}
 }

@@ -112,14 +112,24 @@ func (s *Server) URL(db string, withPassword bool) string {
 	return u.String()
 }
 
-// CreateDatabase creates an empty database and returns its name.
+// CreateDatabase creates an empty database.
 func (s *Server) CreateDatabase(ctx context.Context, name string) error {
+	return s.admin(ctx, `CREATE DATABASE "`+strings.ReplaceAll(name, `"`, ``)+`"`)
+}
+
+// DropDatabase drops database name, closing its connections first.
+func (s *Server) DropDatabase(ctx context.Context, name string) error {
+	return s.admin(ctx, `DROP DATABASE IF EXISTS "`+strings.ReplaceAll(name, `"`, ``)+`" WITH (FORCE)`)
+}
+
+// admin runs statement in the postgres database.
+func (s *Server) admin(ctx context.Context, statement string) error {
 	db, err := sql.Open("pgx", s.URL("postgres", true))
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	_, err = db.ExecContext(ctx, `CREATE DATABASE "`+strings.ReplaceAll(name, `"`, ``)+`"`)
+	_, err = db.ExecContext(ctx, statement)
 	return err
 }
 
