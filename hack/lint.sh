@@ -23,7 +23,7 @@ echo "lint: staticcheck"
 # The controller, its registry and API: every rule.
 echo "lint: gosec, the product"
 "${TOOLS}/gosec" -quiet -exclude-generated \
-	./cmd/student-controller/... ./internal/controller/... ./internal/registry/... ./internal/metricsauth/... ./pkg/apis/...
+	./cmd/student-controller/... ./internal/controller/... ./internal/informer/... ./internal/registry/... ./internal/metricsauth/... ./pkg/apis/...
 # What runs the tests, the bench and `make run`: it starts programs and writes files
 # whose paths it makes itself, by design (G204 subprocess with a variable, G304 file
 # path from a variable, G301/G306 permissions of result files meant to be read).

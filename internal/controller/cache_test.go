@@ -113,7 +113,7 @@ func TestInformers(t *testing.T) {
 			}
 			informers := NewInformers(fake.NewSimpleClientset(objects...), scope, 0)
 			for _, i := range informers.informers {
-				if indexers := i.GetIndexer().GetIndexers(); len(indexers) != 0 {
+				if indexers := i.Indexer().GetIndexers(); len(indexers) != 0 {
 					t.Errorf("informer indexes %v; want no index", slices.Collect(maps.Keys(indexers)))
 				}
 			}

@@ -1,9 +1,11 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,12 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/student-controller/student-controller/internal/informer"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
-	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions"
-	studentinformers "github.com/student-controller/student-controller/pkg/generated/informers/externalversions/bolingcavalry/v1"
-	"github.com/student-controller/student-controller/pkg/generated/informers/externalversions/internalinterfaces"
 	listers "github.com/student-controller/student-controller/pkg/generated/listers/bolingcavalry/v1"
 )
 
@@ -102,13 +102,13 @@ func (s Scope) rowsIn(rows []registry.Record) []registry.Record {
 // server for the scope's labels alone. Together they are one cache: Lister looks a
 // Student up in its namespace's informer and lists them all.
 type Informers struct {
-	factories []externalversions.SharedInformerFactory
-	informers map[string]cache.SharedIndexInformer // by namespace; "" when one has all
+	informers map[string]*informer.Informer // by namespace; "" when one has all
+	running   sync.WaitGroup
 }
 
 // NewInformers returns the informers of scope, resynced every resync, trimmed by
-// TrimForCache before they enter the cache. Call Start, then Shutdown once its stop
-// channel is closed.
+// TrimForCache before they enter the cache. Add the handlers, call Start, then
+// Shutdown once its stop channel is closed.
 //
 // An informer has no namespace index, which the generated one would add: the
 // controller looks Students up by key and lists them all, never by namespace, and the
@@ -118,37 +118,32 @@ func NewInformers(client versioned.Interface, scope Scope, resync time.Duration)
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
 	}
-	in := &Informers{informers: make(map[string]cache.SharedIndexInformer, len(namespaces))}
+	in := &Informers{informers: make(map[string]*informer.Informer, len(namespaces))}
 	tweak := func(*metav1.ListOptions) {}
 	if scope.Labeled() {
 		selector := scope.Selector.String()
 		tweak = func(o *metav1.ListOptions) { o.LabelSelector = selector }
 	}
 	for _, ns := range namespaces {
-		f := externalversions.NewSharedInformerFactoryWithOptions(client, resync, externalversions.WithTransform(TrimForCache))
-		informer := f.InformerFor(&studentv1.Student{}, func(c versioned.Interface, resync time.Duration) cache.SharedIndexInformer {
-			return studentinformers.NewTypedStudentInformerWithOptions(c, ns, internalinterfaces.InformerOptions{
-				ResyncPeriod: resync, InformerName: f.InformerName(), TweakListOptions: tweak})
-		})
-		in.factories = append(in.factories, f)
-		in.informers[ns] = informer
+		in.informers[ns] = informer.New(client, ns, tweak, resync, TrimForCache)
 	}
 	return in
 }
 
-// Start starts every informer.
+// Start starts every informer; they stop when stop is closed.
 func (in *Informers) Start(stop <-chan struct{}) {
-	for _, f := range in.factories {
-		f.Start(stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-stop
+		cancel()
+	}()
+	for _, i := range in.informers {
+		in.running.Go(func() { i.Run(ctx) })
 	}
 }
 
 // Shutdown waits for every informer to stop, once Start's stop channel is closed.
-func (in *Informers) Shutdown() {
-	for _, f := range in.factories {
-		f.Shutdown()
-	}
-}
+func (in *Informers) Shutdown() { in.running.Wait() }
 
 // HasSynced says whether every informer has synced.
 func (in *Informers) HasSynced() bool {
@@ -160,10 +155,10 @@ func (in *Informers) HasSynced() bool {
 	return true
 }
 
-// addEventHandler adds handler to every informer.
+// addEventHandler adds handler to every informer, before Start.
 func (in *Informers) addEventHandler(handler cache.ResourceEventHandler) error {
 	for _, i := range in.informers {
-		if _, err := i.AddEventHandler(handler); err != nil {
+		if err := i.AddEventHandler(handler); err != nil {
 			return err
 		}
 	}
@@ -175,10 +170,10 @@ func (in *Informers) addEventHandler(handler cache.ResourceEventHandler) error {
 // it directly, as a watch would.
 func (in *Informers) Store(namespace string) cache.Store {
 	if i, ok := in.informers[metav1.NamespaceAll]; ok {
-		return i.GetIndexer()
+		return i.Indexer()
 	}
 	if i, ok := in.informers[namespace]; ok {
-		return i.GetIndexer()
+		return i.Indexer()
 	}
 	return nil
 }
@@ -186,11 +181,11 @@ func (in *Informers) Store(namespace string) cache.Store {
 // Lister lists and gets the Students of every informer.
 func (in *Informers) Lister() listers.StudentLister {
 	if i, ok := in.informers[metav1.NamespaceAll]; ok {
-		return listers.NewStudentLister(i.GetIndexer())
+		return listers.NewStudentLister(i.Indexer())
 	}
 	l := make(scopeLister, len(in.informers))
 	for ns, i := range in.informers {
-		l[ns] = listers.NewStudentLister(i.GetIndexer())
+		l[ns] = listers.NewStudentLister(i.Indexer())
 	}
 	return l
 }
