@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/student-controller/student-controller/internal/informer"
@@ -132,11 +132,7 @@ func NewInformers(client versioned.Interface, scope Scope, resync time.Duration)
 
 // Start starts every informer; they stop when stop is closed.
 func (in *Informers) Start(stop <-chan struct{}) {
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		<-stop
-		cancel()
-	}()
+	ctx := wait.ContextForChannel(stop)
 	for _, i := range in.informers {
 		in.running.Go(func() { i.Run(ctx) })
 	}
