@@ -25,7 +25,6 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
-	listers "github.com/student-controller/student-controller/pkg/generated/listers/bolingcavalry/v1"
 )
 
 const (
@@ -114,9 +113,10 @@ const notLeadingRetry = time.Second
 
 // Controller keeps the student registry in line with the Student objects.
 type Controller struct {
-	lister listers.StudentLister
-	synced cache.InformerSynced
-	queue  workqueue.TypedRateLimitingInterface[string] // namespace/name keys; see enqueue
+	// students is the cache the syncs, the sweep and plans read.
+	students *Informers
+	synced   cache.InformerSynced
+	queue    workqueue.TypedRateLimitingInterface[string] // namespace/name keys; see enqueue
 	// rows and getStudent read; every write goes through write.
 	rows       rowReader
 	getStudent func(ctx context.Context, namespace, name string) (*studentv1.Student, error)
@@ -173,9 +173,9 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 		reg = timedRegistry{Registry: reg, m: cfg.Metrics, tracer: cfg.Tracer}
 	}
 	c := &Controller{
-		lister: informers.Lister(),
-		synced: informers.HasSynced,
-		rows:   reg,
+		students: informers,
+		synced:   informers.HasSynced,
+		rows:     reg,
 		getStudent: func(ctx context.Context, namespace, name string) (*studentv1.Student, error) {
 			return client.BolingcavalryV1().Students(namespace).Get(ctx, name, metav1.GetOptions{})
 		},
@@ -204,19 +204,19 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	return c, nil
 }
 
-// enqueue adds the key of a Student, or of the tombstone of a deleted one. Keys are
-// namespace/name strings rather than cache.ObjectName: the workqueue's maps grow to the
-// largest backlog and Go maps never shrink, and a string key is about half the size
-// (bench/results/tuning.md).
+// enqueue adds the key of a cached Student, or of the tombstone of a deleted one. Keys
+// are namespace/name strings rather than cache.ObjectName: the workqueue's maps grow to
+// the largest backlog and Go maps never shrink, and a string key is about half the size
+// (bench/results/tuning.md). The key queued is the cache's own string, not a copy.
 //
-// Only a Student, or the tombstone of one, has a key here: a tombstone's key names the
-// Student that was deleted, whatever its last known state inside. Anything else is
-// reported and dropped, rather than its name taken for a Student's.
+// Only a cached Student, or the tombstone of one, has a key here: a tombstone's key
+// names the Student that was deleted, whatever its last known state inside. Anything
+// else is reported and dropped, rather than its name taken for a Student's.
 func (c *Controller) enqueue(logger klog.Logger, obj any) {
 	switch o := obj.(type) {
-	case *studentv1.Student:
+	case *cachedStudent:
 		if o != nil {
-			c.queue.Add(cache.MetaObjectToName(o).String())
+			c.queue.Add(o.key)
 			return
 		}
 	case cache.DeletedFinalStateUnknown:
@@ -240,20 +240,21 @@ func (c *Controller) enqueueUpdate(logger klog.Logger, oldObj, newObj any) {
 // the same sync followed with the row and the status. Syncing on them would only read
 // a cache that may not have caught up yet with that status, and write it again.
 func needsSync(oldObj, newObj any) bool {
-	oldS, ok1 := oldObj.(*studentv1.Student)
-	newS, ok2 := newObj.(*studentv1.Student)
-	if !ok1 || !ok2 || oldS == nil || newS == nil || oldS.ResourceVersion == newS.ResourceVersion {
+	oldS, ok1 := oldObj.(*cachedStudent)
+	newS, ok2 := newObj.(*cachedStudent)
+	if !ok1 || !ok2 || oldS == nil || newS == nil || oldS.resourceVersionValue() == newS.resourceVersionValue() {
 		return true
 	}
-	if oldS.Generation != newS.Generation || !equality.Semantic.DeepEqual(oldS.DeletionTimestamp, newS.DeletionTimestamp) ||
+	oldR, newR := oldS.rareField(), newS.rareField()
+	if oldS.generation != newS.generation || !equality.Semantic.DeepEqual(oldR.deletionTimestamp, newR.deletionTimestamp) ||
 		steered(oldS, newS) {
 		return true
 	}
-	if equality.Semantic.DeepEqual(oldS.Finalizers, newS.Finalizers) {
+	oldF, newF := oldS.finalizers(), newS.finalizers()
+	if slices.Equal(oldF, newF) {
 		return false
 	}
-	ownFinalizerAdded := !slices.Contains(oldS.Finalizers, Finalizer) &&
-		slices.Equal(append(slices.Clone(oldS.Finalizers), Finalizer), newS.Finalizers)
+	ownFinalizerAdded := !slices.Contains(oldF, Finalizer) && slices.Equal(append(slices.Clone(oldF), Finalizer), newF)
 	return !ownFinalizerAdded
 }
 

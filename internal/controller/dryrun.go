@@ -5,10 +5,11 @@ import (
 	"errors"
 	"time"
 
-	"k8s.io/apimachinery/pkg/labels"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
 // dryRunSettle is how long a dry run waits after a Student changed before it plans
@@ -104,9 +105,10 @@ func (c *Controller) dryRun(ctx context.Context, seen map[PlannedAction]bool) ma
 // Plan is what the controller would do now, from its cache and the registry: the
 // plan of `student-controller plan`, over the Students this controller watches.
 func (c *Controller) Plan(ctx context.Context) (Plan, error) {
-	students, err := c.lister.List(labels.Everything())
-	if err != nil {
-		return Plan{}, err
+	cached := c.students.list()
+	students := make([]*studentv1.Student, len(cached))
+	for i, s := range cached {
+		students[i] = s.student()
 	}
 	return PlanFor(ctx, c.rows, PlanScope{
 		Owner: c.cfg.Owner, Scope: c.cfg.Scope, Exists: c.studentExists,

@@ -90,19 +90,13 @@ func (f *fixture) put(rows ...registry.Record) {
 // watch would deliver it.
 func (f *fixture) observe(namespace, name string) {
 	f.t.Helper()
-	indexer := f.informers.Store(namespace)
 	s, err := f.client.BolingcavalryV1().Students(namespace).Get(f.ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		old, exists, _ := indexer.GetByKey(namespace + "/" + name)
-		if exists {
-			_ = indexer.Delete(old)
-		}
-		return
+		err = f.informers.Remove(namespace, name)
+	} else if err == nil {
+		err = f.informers.Put(s)
 	}
 	if err != nil {
-		f.t.Fatal(err)
-	}
-	if err := indexer.Update(s); err != nil {
 		f.t.Fatal(err)
 	}
 }

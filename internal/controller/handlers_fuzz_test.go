@@ -31,8 +31,8 @@ func FuzzHandlers(f *testing.F) {
 	c := fx.ctrl
 	f.Fuzz(func(t *testing.T, ns, name, key string, shape1, shape2 uint8, rv1, rv2 string, gen1, gen2 int64) {
 		logger, ctx := ktesting.NewTestContext(t)
-		student := func(rv string, gen int64) *studentv1.Student {
-			return &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, ResourceVersion: rv, Generation: gen}}
+		student := func(rv string, gen int64) *cachedStudent {
+			return compactStudent(&studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, ResourceVersion: rv, Generation: gen}})
 		}
 		object := func(shape uint8, rv string, gen int64) any {
 			switch shape % 8 {
@@ -49,7 +49,7 @@ func FuzzHandlers(f *testing.F) {
 			case 5:
 				return nil
 			case 6:
-				return (*studentv1.Student)(nil)
+				return (*cachedStudent)(nil)
 			default:
 				return key
 			}
@@ -63,9 +63,9 @@ func FuzzHandlers(f *testing.F) {
 		allowed := map[string]bool{}
 		for _, obj := range []any{oldObj, newObj} {
 			switch o := obj.(type) {
-			case *studentv1.Student:
+			case *cachedStudent:
 				if o != nil {
-					allowed[cache.MetaObjectToName(o).String()] = true
+					allowed[o.key] = true
 				}
 			case cache.DeletedFinalStateUnknown:
 				allowed[o.Key] = true

@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
@@ -45,9 +44,9 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 		recordOf("another-controller", newStudent("theirs")),
 		recordOf(owner, newStudent("ghost")), recordOf(owner, newStudent("ghost-kept", orphan)),
 	)
-	students, err := f.ctrl.lister.List(labels.Everything())
-	if err != nil {
-		t.Fatal(err)
+	var students []*studentv1.Student
+	for _, s := range f.ctrl.students.list() {
+		students = append(students, s.student())
 	}
 	scope := PlanScope{Owner: owner, SweepMaxDeletions: 2, SweepMaxDeletionPercent: 50}
 	plan, err := PlanFor(f.ctx, f.registry, scope, students)

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -18,7 +17,6 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
-	listers "github.com/student-controller/student-controller/pkg/generated/listers/bolingcavalry/v1"
 )
 
 // Scope is which Students a controller watches: those of Namespaces (every namespace
@@ -99,16 +97,16 @@ func (s Scope) rowsIn(rows []registry.Record) []registry.Record {
 
 // Informers are the Student informers of a scope: one over every namespace, or one
 // per namespace of the scope (a watch names one namespace or all), each asking the API
-// server for the scope's labels alone. Together they are one cache: Lister looks a
-// Student up in its namespace's informer and lists them all.
+// server for the scope's labels alone. Together they are one cache of cachedStudents:
+// get looks a Student up in its namespace's informer, list lists them all.
 type Informers struct {
 	informers map[string]*informer.Informer // by namespace; "" when one has all
 	running   sync.WaitGroup
 }
 
-// NewInformers returns the informers of scope, resynced every resync, trimmed by
-// TrimForCache before they enter the cache. Add the handlers, call Start, then
-// Shutdown once its stop channel is closed.
+// NewInformers returns the informers of scope, resynced every resync, which keep what
+// compact makes of each Student. Add the handlers, call Start, then Shutdown once its
+// stop channel is closed.
 //
 // An informer has no namespace index, which the generated one would add: the
 // controller looks Students up by key and lists them all, never by namespace, and the
@@ -125,7 +123,7 @@ func NewInformers(client versioned.Interface, scope Scope, resync time.Duration)
 		tweak = func(o *metav1.ListOptions) { o.LabelSelector = selector }
 	}
 	for _, ns := range namespaces {
-		in.informers[ns] = informer.New(client, ns, tweak, resync, TrimForCache)
+		in.informers[ns] = informer.New(client, ns, tweak, resync, compact, cacheKey)
 	}
 	return in
 }
@@ -161,10 +159,9 @@ func (in *Informers) addEventHandler(handler cache.ResourceEventHandler) error {
 	return nil
 }
 
-// Store is the cache that holds the Students of namespace (every Student, in a scope
-// of all namespaces); nil for a namespace outside the scope. Tests and benchmarks fill
-// it directly, as a watch would.
-func (in *Informers) Store(namespace string) cache.Store {
+// indexer is the cache that holds the Students of namespace (every Student, in a
+// scope of all namespaces); nil for a namespace outside the scope.
+func (in *Informers) indexer(namespace string) cache.Indexer {
 	if i, ok := in.informers[metav1.NamespaceAll]; ok {
 		return i.Indexer()
 	}
@@ -174,45 +171,50 @@ func (in *Informers) Store(namespace string) cache.Store {
 	return nil
 }
 
-// Lister lists and gets the Students of every informer.
-func (in *Informers) Lister() listers.StudentLister {
-	if i, ok := in.informers[metav1.NamespaceAll]; ok {
-		return listers.NewStudentLister(i.Indexer())
+// Put puts s into the cache as a watch would deliver it, made compact; it fails for a
+// Student outside the scope's namespaces. Tests and benchmarks fill the cache with it.
+func (in *Informers) Put(s *studentv1.Student) error {
+	indexer := in.indexer(s.Namespace)
+	if indexer == nil {
+		return fmt.Errorf("namespace %s is outside the scope", s.Namespace)
 	}
-	l := make(scopeLister, len(in.informers))
-	for ns, i := range in.informers {
-		l[ns] = listers.NewStudentLister(i.Indexer())
-	}
-	return l
+	return indexer.Update(compactStudent(s))
 }
 
-// scopeLister is the lister of the informers of several namespaces, by namespace.
-type scopeLister map[string]listers.StudentLister
+// Remove removes the Student namespace/name from the cache, as a watch would deliver
+// its deletion.
+func (in *Informers) Remove(namespace, name string) error {
+	indexer := in.indexer(namespace)
+	if indexer == nil {
+		return nil
+	}
+	obj, exists, err := indexer.GetByKey(namespace + "/" + name)
+	if err != nil || !exists {
+		return err
+	}
+	return indexer.Delete(obj)
+}
 
-func (l scopeLister) List(selector labels.Selector) ([]*studentv1.Student, error) {
-	var all []*studentv1.Student
-	for _, ns := range l {
-		some, err := ns.List(selector)
-		if err != nil {
-			return nil, err
+// get returns the cached Student namespace/name, or false.
+func (in *Informers) get(namespace, name string) (*cachedStudent, bool) {
+	indexer := in.indexer(namespace)
+	if indexer == nil {
+		return nil, false
+	}
+	obj, exists, _ := indexer.GetByKey(namespace + "/" + name) // a key lookup never fails
+	s, ok := obj.(*cachedStudent)
+	return s, exists && ok
+}
+
+// list returns every cached Student.
+func (in *Informers) list() []*cachedStudent {
+	var all []*cachedStudent
+	for _, i := range in.informers {
+		for _, obj := range i.Indexer().List() {
+			if s, ok := obj.(*cachedStudent); ok {
+				all = append(all, s)
+			}
 		}
-		all = append(all, some...)
 	}
-	return all, nil
-}
-
-func (l scopeLister) Students(namespace string) listers.StudentNamespaceLister {
-	if ns, ok := l[namespace]; ok {
-		return ns.Students(namespace)
-	}
-	return outOfScope(namespace)
-}
-
-// outOfScope is a namespace no informer watches: it has no Students.
-type outOfScope string
-
-func (outOfScope) List(labels.Selector) ([]*studentv1.Student, error) { return nil, nil }
-
-func (outOfScope) Get(name string) (*studentv1.Student, error) {
-	return nil, apierrors.NewNotFound(studentv1.Resource("student"), name)
+	return all
 }

@@ -40,30 +40,28 @@ const maxReconcileToken = 256
 // steered says whether an update changed how the operator steers the Student: pause,
 // unpause, or a new reconcile request. The API server does not bump the generation
 // for annotations, so needsSync asks this.
-func steered(oldS, newS *studentv1.Student) bool {
-	return paused(oldS) != paused(newS) ||
-		oldS.Annotations[studentv1.AnnotationReconcileRequestedAt] != newS.Annotations[studentv1.AnnotationReconcileRequestedAt]
+func steered(oldS, newS *cachedStudent) bool {
+	return oldS.isPaused() != newS.isPaused() || oldS.rareField().reconcileRequestedAt != newS.rareField().reconcileRequestedAt
 }
 
 // holdPaused is the whole sync of a paused Student: no registry read or write, no
 // finalizer added or removed, and status changed only to say that it is paused (a
 // Synced=False condition, reason Paused); Ready keeps what the controller last saw.
 // A paused Student being deleted stays Terminating until it is unpaused.
-func (c *Controller) holdPaused(ctx context.Context, cached *studentv1.Student) error {
-	key := cache.MetaObjectToName(cached).String()
+func (c *Controller) holdPaused(ctx context.Context, s *studentv1.Student) error {
+	key := cache.MetaObjectToName(s).String()
 	msg := fmt.Sprintf("Paused by the annotation %s: the controller does not write the registry row until it is removed", studentv1.AnnotationPaused)
-	if cached.DeletionTimestamp != nil {
+	if s.DeletionTimestamp != nil {
 		msg = fmt.Sprintf("Paused by the annotation %s: the deletion waits, and the row stays as it is, until it is removed", studentv1.AnnotationPaused)
 	}
 	cond := metav1.Condition{
 		Type: studentv1.ConditionSynced, Status: metav1.ConditionFalse, Reason: studentv1.ReasonPaused, Message: msg,
-		ObservedGeneration: cached.Generation, LastTransitionTime: metav1.NewTime(c.clock.Now().Truncate(time.Second)),
+		ObservedGeneration: s.Generation, LastTransitionTime: metav1.NewTime(c.clock.Now().Truncate(time.Second)),
 	}
-	status := *cached.Status.DeepCopy()
+	status := *s.Status.DeepCopy()
 	meta.SetStatusCondition(&status.Conditions, cond)
 	since := meta.FindStatusCondition(status.Conditions, studentv1.ConditionSynced).LastTransitionTime.Time
-	if !equality.Semantic.DeepEqual(cached.Status, status) {
-		s := cached.DeepCopy()
+	if !equality.Semantic.DeepEqual(s.Status, status) {
 		s.Status = status
 		if _, err := c.write.updateStatus(ctx, s); err != nil {
 			return fmt.Errorf("update status: %w", err)

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/student-controller/student-controller/internal/registry"
-	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
 // sweepPlan is what one sweep would do: the diff of the registry against the cache.
@@ -26,10 +23,12 @@ type sweepPlan struct {
 // planSweep compares the rows this controller owns with the Students in the cache. It
 // is a pure function of its inputs. A paused Student's row is left as it is, however it
 // differs; it is still that Student's, never an orphan.
-func planSweep(owner string, rows []registry.Record, students []*studentv1.Student) sweepPlan {
-	byUID := make(map[types.UID]*studentv1.Student, len(students))
-	for _, s := range students {
-		byUID[s.UID] = s
+func planSweep(owner string, rows []registry.Record, students []*cachedStudent) sweepPlan {
+	uids := make([]types.UID, len(students))
+	byUID := make(map[types.UID]*cachedStudent, len(students))
+	for i, s := range students {
+		uids[i] = s.uidValue()
+		byUID[uids[i]] = s
 	}
 	var plan sweepPlan
 	seen := make(map[types.UID]bool, len(rows))
@@ -44,13 +43,13 @@ func planSweep(owner string, rows []registry.Record, students []*studentv1.Stude
 			plan.Orphans = append(plan.Orphans, row)
 			continue
 		}
-		if s.DeletionTimestamp == nil && !paused(s) && !sameRow(row, recordOf(owner, s)) {
-			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s).String())
+		if !s.deleting() && !s.isPaused() && !sameRow(row, s.record(owner)) {
+			plan.Resync = append(plan.Resync, s.key)
 		}
 	}
-	for _, s := range students {
-		if !seen[s.UID] && s.DeletionTimestamp == nil && !paused(s) && ValidateSpec(s.Spec) == "" {
-			plan.Resync = append(plan.Resync, cache.MetaObjectToName(s).String())
+	for i, s := range students {
+		if !seen[uids[i]] && !s.deleting() && !s.isPaused() && ValidateSpec(s.spec) == "" {
+			plan.Resync = append(plan.Resync, s.key)
 		}
 	}
 	return plan
@@ -97,10 +96,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	}
 	c.reportMalformed(logger, malformed)
 	rows = c.cfg.Scope.rowsIn(rows)
-	students, err := c.lister.List(labels.Everything())
-	if err != nil {
-		return SweepResult{}, fmt.Errorf("sweep: %w", err)
-	}
+	students := c.students.list()
 	plan := planSweep(c.cfg.Owner, rows, students)
 	result := SweepResult{Rows: len(rows), Resync: len(plan.Resync), Orphans: len(plan.Orphans), Malformed: len(malformed)}
 	for _, key := range plan.Resync {

@@ -58,7 +58,11 @@ func TestPlanSweep(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			plan := planSweep(owner, tc.rows, tc.students)
+			cached := make([]*cachedStudent, len(tc.students))
+			for i, s := range tc.students {
+				cached[i] = compactStudent(s)
+			}
+			plan := planSweep(owner, tc.rows, cached)
 			resync := plan.Resync
 			var orphans []string
 			for _, r := range plan.Orphans {

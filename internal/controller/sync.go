@@ -41,15 +41,14 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return terminal(err)
 	}
-	student, err := c.lister.Students(namespace).Get(name)
-	if apierrors.IsNotFound(err) {
+	cached, ok := c.students.get(namespace, name)
+	if !ok {
 		// Gone: its finalizer saw to its row, or the sweep will.
 		c.cfg.Metrics.forget(key)
 		return nil
 	}
-	if err != nil {
-		return err
-	}
+	// A new object, with the fields the cache keeps: the sync may change it.
+	student := cached.student()
 	ctx = klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "student", klog.KObj(student), "uid", student.UID))
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.SetAttributes(AttrUID.String(string(student.UID)), AttrGeneration.Int64(student.Generation))
@@ -72,8 +71,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 // reconcile brings the registry row of a live Student in line with its spec, in three
 // steps: the finalizer, the row, the report (status, and an Event for a change). A
 // Student already in line costs no write at all.
-func (c *Controller) reconcile(ctx context.Context, cached *studentv1.Student) error {
-	s := cached.DeepCopy()
+func (c *Controller) reconcile(ctx context.Context, s *studentv1.Student) error {
 	if problem := ValidateSpec(s.Spec); problem != "" {
 		return c.refuseSpec(ctx, s, problem)
 	}
@@ -114,7 +112,7 @@ func (c *Controller) ensureFinalizer(ctx context.Context, s *studentv1.Student) 
 		return s, nil
 	}
 	s.Finalizers = append(s.Finalizers, Finalizer)
-	updated, err := c.write.update(ctx, s)
+	updated, err := c.write.setFinalizers(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("add finalizer: %w", err)
 	}
@@ -302,12 +300,11 @@ func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) e
 // finalize deletes or releases the row of a Student being deleted, per its
 // deletionPolicy, then lets the Student go. While the registry fails, the Student
 // stays Terminating: a delete is never lost.
-func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) error {
-	if !slices.Contains(cached.Finalizers, Finalizer) {
+func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
+	if !slices.Contains(s.Finalizers, Finalizer) {
 		return nil
 	}
 	logger := klog.FromContext(ctx)
-	s := cached.DeepCopy()
 
 	uid := string(s.UID)
 	var done bool
@@ -339,7 +336,7 @@ func (c *Controller) finalize(ctx context.Context, cached *studentv1.Student) er
 	}
 
 	s.Finalizers = slices.DeleteFunc(s.Finalizers, func(f string) bool { return f == Finalizer })
-	if _, err := c.write.update(ctx, s); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := c.write.setFinalizers(ctx, s); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
 	return nil
@@ -404,15 +401,21 @@ func (c *Controller) ownedElsewhere(ctx context.Context, s *studentv1.Student, c
 
 // recordOf is the registry row that a Student should have, written by owner.
 func recordOf(owner string, s *studentv1.Student) registry.Record {
+	return newRecord(owner, s.UID, s.Namespace, s.Name, s.Generation, s.Spec)
+}
+
+// newRecord is the registry row of the Student namespace/name of uid, generation and
+// spec, written by owner.
+func newRecord(owner string, uid types.UID, namespace, name string, generation int64, spec studentv1.StudentSpec) registry.Record {
 	return registry.Record{
-		UID:            string(s.UID),
-		Namespace:      s.Namespace,
-		Name:           s.Name,
-		StudentName:    s.Spec.Name,
-		School:         s.Spec.School,
+		UID:            string(uid),
+		Namespace:      namespace,
+		Name:           name,
+		StudentName:    spec.Name,
+		School:         spec.School,
 		Owner:          owner,
-		Generation:     s.Generation,
-		DeletionPolicy: string(policy(s)),
+		Generation:     generation,
+		DeletionPolicy: string(specPolicy(spec)),
 	}
 }
 
@@ -423,11 +426,14 @@ func sameRow(row, want registry.Record) bool {
 		row.Owner == want.Owner && row.Generation == want.Generation && row.DeletionPolicy == want.DeletionPolicy
 }
 
-func policy(s *studentv1.Student) studentv1.DeletionPolicy {
-	if s.Spec.DeletionPolicy == "" {
+func policy(s *studentv1.Student) studentv1.DeletionPolicy { return specPolicy(s.Spec) }
+
+// specPolicy is spec's deletion policy, Delete when unset.
+func specPolicy(spec studentv1.StudentSpec) studentv1.DeletionPolicy {
+	if spec.DeletionPolicy == "" {
 		return studentv1.DeletionPolicyDelete
 	}
-	return s.Spec.DeletionPolicy
+	return spec.DeletionPolicy
 }
 
 // ValidateSpec repeats the CRD's validation, for objects stored before it existed or

@@ -59,7 +59,7 @@ func TestSync(t *testing.T) {
 			wantRows:      map[string]row{"uid-a": {owner, "张三", "深圳中学", 1, later}},
 			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, later},
 			wantFinalizer: true,
-			wantWrites:    []string{"update students", "update students/status"},
+			wantWrites:    []string{"patch students", "update students/status"},
 			wantRow:       rowCreated, // status says it: no Event
 		},
 		"spec update": {
@@ -122,7 +122,7 @@ func TestSync(t *testing.T) {
 			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
 			wantRows:   map[string]row{},
 			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
-			wantWrites: []string{"update students"},
+			wantWrites: []string{"patch students"},
 			wantRow:    rowDeleted,
 		},
 		"delete with policy Orphan": {
@@ -130,7 +130,7 @@ func TestSync(t *testing.T) {
 			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
 			wantRows:   map[string]row{"uid-a": {"", "张三", "深圳中学", 1, later}}, // released: no owner
 			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
-			wantWrites: []string{"update students"},
+			wantWrites: []string{"patch students"},
 			wantRow:    rowReleased,
 		},
 		// Stored before the CRD's enum: whatever it meant, the row is kept.
@@ -139,7 +139,7 @@ func TestSync(t *testing.T) {
 			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
 			wantRows:   map[string]row{"uid-a": {"", "张三", "深圳中学", 1, later}},
 			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
-			wantWrites: []string{"update students"},
+			wantWrites: []string{"patch students"},
 			wantRow:    rowReleased,
 		},
 		// Written before rows recorded their policy: the policy is filled in, and
@@ -166,20 +166,20 @@ func TestSync(t *testing.T) {
 			rows:       []registry.Record{recordOf(owner, newStudent("a", orphan))},
 			wantRows:   map[string]row{"uid-a": {"", "张三", "深圳中学", 1, later}},
 			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
-			wantWrites: []string{"update students"},
+			wantWrites: []string{"patch students"},
 			wantRow:    rowReleased,
 		},
 		"delete of a student whose row is gone": {
 			student:    newStudent("a", withFinalizer, synced(start), deleting),
 			wantRows:   map[string]row{},
 			wantReady:  &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
-			wantWrites: []string{"update students"},
+			wantWrites: []string{"patch students"},
 		},
 		"delete leaves another owner's row": {
 			student:    newStudent("a", withFinalizer, deleting),
 			rows:       []registry.Record{recordOf("another-controller", newStudent("a"))},
 			wantRows:   map[string]row{"uid-a": {"another-controller", "张三", "深圳中学", 1, start}},
-			wantWrites: []string{"update students"},
+			wantWrites: []string{"patch students"},
 			wantEvents: []string{"Warning RowOwnedElsewhere"},
 		},
 		"registry down": {
@@ -188,7 +188,7 @@ func TestSync(t *testing.T) {
 			wantErr:       "retry",
 			wantReady:     &readyState{metav1.ConditionFalse, studentv1.ReasonRegistryUnavailable, time.Time{}},
 			wantFinalizer: true,
-			wantWrites:    []string{"update students", "update students/status"},
+			wantWrites:    []string{"patch students", "update students/status"},
 			wantEvents:    []string{"Warning RegistryError"},
 		},
 		"registry down keeps the last written time": {
@@ -224,7 +224,7 @@ func TestSync(t *testing.T) {
 			wantRows:      map[string]row{"uid-a": {"another-controller", "张三", "深圳中学", 1, start}},
 			wantReady:     &readyState{metav1.ConditionFalse, studentv1.ReasonRowOwnedElsewhere, time.Time{}},
 			wantFinalizer: true,
-			wantWrites:    []string{"update students", "update students/status"},
+			wantWrites:    []string{"patch students", "update students/status"},
 			wantEvents:    []string{"Warning RowOwnedElsewhere"},
 		},
 	}
@@ -372,19 +372,29 @@ func TestEnqueue(t *testing.T) {
 		handle func(c *Controller)
 		want   int
 	}{
-		"add":                   {func(c *Controller) { c.enqueue(logger, s) }, 1},
-		"tombstone":             {func(c *Controller) { c.enqueue(logger, cache.DeletedFinalStateUnknown{Key: "school/a", Obj: s}) }, 1},
-		"not an object":         {func(c *Controller) { c.enqueue(logger, 42) }, 0},
-		"resync":                {func(c *Controller) { c.enqueueUpdate(logger, s, s) }, 1},
-		"status only":           {func(c *Controller) { c.enqueueUpdate(logger, s, statusOnly) }, 0},
-		"spec change":           {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, specChange) }, 1},
-		"own finalizer added":   {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, finalizerAdded) }, 0},
-		"other finalizer added": {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, otherFinalizer) }, 1},
-		"own finalizer removed": {func(c *Controller) { c.enqueueUpdate(logger, finalizerAdded, finalizerRemoved) }, 1},
-		"paused":                {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, pausedObj) }, 1},
-		"unpaused":              {func(c *Controller) { c.enqueueUpdate(logger, pausedObj, statusOnly) }, 1},
-		"reconcile requested":   {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, requested) }, 1},
-		"another annotation":    {func(c *Controller) { c.enqueueUpdate(logger, statusOnly, otherAnnotation) }, 0},
+		"add": {func(c *Controller) { c.enqueue(logger, compactStudent(s)) }, 1},
+		"tombstone": {func(c *Controller) {
+			c.enqueue(logger, cache.DeletedFinalStateUnknown{Key: "school/a", Obj: compactStudent(s)})
+		}, 1},
+		"not an object": {func(c *Controller) { c.enqueue(logger, 42) }, 0},
+		"resync":        {func(c *Controller) { c.enqueueUpdate(logger, compactStudent(s), compactStudent(s)) }, 1},
+		"status only":   {func(c *Controller) { c.enqueueUpdate(logger, compactStudent(s), compactStudent(statusOnly)) }, 0},
+		"spec change":   {func(c *Controller) { c.enqueueUpdate(logger, compactStudent(statusOnly), compactStudent(specChange)) }, 1},
+		"own finalizer added": {func(c *Controller) {
+			c.enqueueUpdate(logger, compactStudent(statusOnly), compactStudent(finalizerAdded))
+		}, 0},
+		"other finalizer added": {func(c *Controller) {
+			c.enqueueUpdate(logger, compactStudent(statusOnly), compactStudent(otherFinalizer))
+		}, 1},
+		"own finalizer removed": {func(c *Controller) {
+			c.enqueueUpdate(logger, compactStudent(finalizerAdded), compactStudent(finalizerRemoved))
+		}, 1},
+		"paused":              {func(c *Controller) { c.enqueueUpdate(logger, compactStudent(statusOnly), compactStudent(pausedObj)) }, 1},
+		"unpaused":            {func(c *Controller) { c.enqueueUpdate(logger, compactStudent(pausedObj), compactStudent(statusOnly)) }, 1},
+		"reconcile requested": {func(c *Controller) { c.enqueueUpdate(logger, compactStudent(statusOnly), compactStudent(requested)) }, 1},
+		"another annotation": {func(c *Controller) {
+			c.enqueueUpdate(logger, compactStudent(statusOnly), compactStudent(otherAnnotation))
+		}, 0},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -570,11 +580,11 @@ func TestNotLeading(t *testing.T) {
 		// then is what the sync writes once allowed.
 		then []string
 	}{
-		"new student":      {student: newStudent("a"), then: []string{"update students", "update students/status"}},
+		"new student":      {student: newStudent("a"), then: []string{"patch students", "update students/status"}},
 		"row missing":      {student: newStudent("a", withFinalizer, synced(start)), then: []string{"update students/status"}},
 		"status behind":    {student: newStudent("a", withFinalizer), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"update students/status"}},
-		"deleting":         {student: newStudent("a", withFinalizer, synced(start), deleting), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"update students"}},
-		"deleting, orphan": {student: newStudent("a", orphan, withFinalizer, synced(start), deleting), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"update students"}},
+		"deleting":         {student: newStudent("a", withFinalizer, synced(start), deleting), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"patch students"}},
+		"deleting, orphan": {student: newStudent("a", orphan, withFinalizer, synced(start), deleting), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"patch students"}},
 		"spec changed":     {student: newStudent("a", withFinalizer, synced(start), func(s *studentv1.Student) { s.Generation, s.Spec.School = 2, "北京四中" }), rows: []registry.Record{recordOf(owner, newStudent("a"))}, then: []string{"update students/status"}},
 	}
 	for name, tc := range tests {

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
 	"time"
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/student-controller/student-controller/internal/registry"
@@ -86,13 +88,37 @@ func (w *writes) bind(ctx context.Context, owner, cluster string) error {
 	return err
 }
 
-// update writes a Student's metadata and spec (its finalizers).
-func (w *writes) update(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
+// setFinalizers writes s's finalizers, and nothing else of it, with a merge patch that
+// carries its resourceVersion: the API server refuses it with a conflict if the
+// Student changed since, as it would an update. The Student is the cache's, which
+// holds no labels or other annotations to write back.
+func (w *writes) setFinalizers(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
+	finalizers := s.Finalizers
+	if finalizers == nil {
+		finalizers = []string{}
+	}
+	patch, err := json.Marshal(finalizersPatch{Metadata: finalizersPatchMeta{Finalizers: finalizers, ResourceVersion: s.ResourceVersion}})
+	if err != nil {
+		return nil, err
+	}
 	return guard(w, func() (*studentv1.Student, error) {
-		return w.client.BolingcavalryV1().Students(s.Namespace).Update(ctx, s, metav1.UpdateOptions{FieldManager: FieldManager})
+		return w.client.BolingcavalryV1().Students(s.Namespace).Patch(ctx, s.Name, types.MergePatchType, patch,
+			metav1.PatchOptions{FieldManager: FieldManager})
 	})
 }
 
+// finalizersPatch is the merge patch of setFinalizers: none left is [], not null.
+type finalizersPatch struct {
+	Metadata finalizersPatchMeta `json:"metadata"`
+}
+
+type finalizersPatchMeta struct {
+	Finalizers      []string `json:"finalizers"`
+	ResourceVersion string   `json:"resourceVersion,omitempty"`
+}
+
+// updateStatus writes s's status: the API server keeps .status alone of the object
+// sent, and refuses it with a conflict if the Student changed since.
 func (w *writes) updateStatus(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
 	return guard(w, func() (*studentv1.Student, error) {
 		ctx, span := startSpan(ctx, w.tracer, SpanStatusWrite)

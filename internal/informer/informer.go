@@ -62,13 +62,15 @@ type Informer struct {
 // New returns the informer of the Students of namespace (every namespace for ""):
 // tweak sets the options of its lists and watches (a label selector), resync is how
 // often the handlers hear of every cached Student again (never for 0), and transform
-// is applied to each Student before it enters the cache. Add the handlers, then Run.
-func New(client versioned.Interface, namespace string, tweak func(*metav1.ListOptions), resync time.Duration, transform cache.TransformFunc) *Informer {
-	// As the SharedIndexInformer's: a tombstone (a Student deleted while no watch
-	// was open) is keyed by the key it carries.
-	indexer := cache.NewIndexer(cache.DeletionHandlingMetaNamespaceKeyFunc, cache.Indexers{})
+// makes each Student what the cache keeps (it must pass what it made through
+// untouched: a resync hands it the cache's own objects). key is the cache's key
+// function; it must take a Student, what transform makes, and a tombstone (a Student
+// deleted while no watch was open), whose key is the one it carries.
+func New(client versioned.Interface, namespace string, tweak func(*metav1.ListOptions), resync time.Duration,
+	transform cache.TransformFunc, key cache.KeyFunc) *Informer {
+	indexer := cache.NewIndexer(key, cache.Indexers{})
 	fifo := cache.NewRealFIFOWithOptions(cache.RealFIFOOptions{
-		KeyFunction:  cache.MetaNamespaceKeyFunc,
+		KeyFunction:  key,
 		KnownObjects: indexer,
 		Transformer:  transform,
 	})

@@ -103,7 +103,7 @@ func TestInformerAfterOutage(t *testing.T) {
 		t.Skip("a 20 s outage")
 	}
 	o := newOutage(student("school", "a"), student("school", "b"))
-	informer := New(o.client, metav1.NamespaceAll, func(*metav1.ListOptions) {}, 0, nil)
+	informer := New(o.client, metav1.NamespaceAll, func(*metav1.ListOptions) {}, 0, nil, cache.DeletionHandlingMetaNamespaceKeyFunc)
 	var mu sync.Mutex
 	var added, deleted []string
 	if err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{

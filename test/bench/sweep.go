@@ -89,7 +89,7 @@ func measureSweep(ctx context.Context, n int, name, url string) (sweepResult, er
 		}, registry.Why{Cause: "test"}); err != nil {
 			return err
 		}
-		return informers.Store(s.Namespace).Add(s)
+		return informers.Put(s)
 	})
 	if err != nil {
 		return res, err

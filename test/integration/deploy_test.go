@@ -142,7 +142,7 @@ func TestDeploymentShape(t *testing.T) {
 
 	// Exactly the rules the controller needs, cluster-wide.
 	wantRules := map[string]string{
-		"bolingcavalry.k8s.io/students":            "get,list,watch,update",
+		"bolingcavalry.k8s.io/students":            "get,list,watch,patch",
 		"bolingcavalry.k8s.io/students/status":     "update",
 		"bolingcavalry.k8s.io/students/finalizers": "update",
 		"/events":                  "create,patch",
