@@ -68,10 +68,10 @@ packages: ## Install the Debian packages the tests and the node run (PostgreSQL,
 
 .PHONY: build
 build: ## Build the controller (bin/student-controller) and the local launcher (bin/student-dev).
-	@# -trimpath as make image has it: the two share every compiled package (a cold build
+	@# One build of both, with make image's flags and tags (and the control plane's:
+	@# hack/build-controlplane.sh): they share every package compiled before (a cold build
 	@# of them is minutes; bench/results/ci-cold.md).
-	CGO_ENABLED=0 go build -trimpath -tags $(GO_TAGS) -ldflags "-X main.version=$(VERSION)" -o bin/student-controller ./cmd/student-controller
-	go build -trimpath -o bin/student-dev ./cmd/student-dev
+	CGO_ENABLED=0 go build -trimpath -tags $(GO_TAGS) -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/student-controller ./cmd/student-dev
 
 IMAGE_DIR ?= bin/image
 IMAGE_PUSH ?=
