@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -28,14 +29,67 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago, and that this
+// process has not handed out before. It is picked at random from 20000 to 29999, below
+// the ports that the kernel hands to outgoing connections (net.ipv4.ip_local_port_range,
+// 32768 to 60999 by default) and to NodePorts (30000 to 32767): a port the kernel picks
+// itself, as a listener on port 0 gets, is from that range, and any connection opened
+// between the pick and the moment a process binds the port may take it (kube-apiserver
+// failed to start so, "bind: address already in use"). Processes that ask here at the
+// same moment can still pick the same port: one in ten thousand per pair.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	low, high := portsFrom, portsTo
+	if first := ephemeralPortsFrom(); first <= high {
+		high = first - 1
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	for range 1000 {
+		if low > high {
+			break
+		}
+		port := low + rand.IntN(high-low+1) // #nosec G404 -- a port, not a secret
+		handedOutMu.Lock()
+		taken := handedOut[port]
+		handedOutMu.Unlock()
+		if taken {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		handedOutMu.Lock()
+		handedOut[port] = true
+		handedOutMu.Unlock()
+		return port, nil
+	}
+	return 0, fmt.Errorf("no free port of 127.0.0.1 from %d to %d", low, high)
+}
+
+// The ports FreePort picks from.
+const portsFrom, portsTo = 20000, 29999
+
+var (
+	handedOutMu sync.Mutex
+	handedOut   = map[int]bool{}
+)
+
+// ephemeralPortsFrom is the first port that the kernel hands to outgoing connections
+// (32768 when it cannot tell).
+func ephemeralPortsFrom() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return 32768
+	}
+	port, err := strconv.Atoi(fields[0])
+	if err != nil {
+		return 32768
+	}
+	return port
 }
 
 // FreeAddr returns 127.0.0.1:PORT for a port that was free a moment ago.
