@@ -100,8 +100,8 @@ func compact(obj any) (any, error) {
 // compactStudent is what the cache keeps of s.
 func compactStudent(s *studentv1.Student) *cachedStudent {
 	c := &cachedStudent{
-		key:        s.Namespace + "/" + s.Name,
-		nsLen:      int32(len(s.Namespace)), // #nosec G115 -- a namespace is at most 63 bytes
+		key:        cache.MetaObjectToName(s).String(), // as cache.MetaNamespaceKeyFunc makes it
+		nsLen:      int32(len(s.Namespace)),            // #nosec G115 -- a namespace is at most 63 bytes
 		generation: s.Generation,
 		spec: studentv1.StudentSpec{
 			Name:           s.Spec.Name,
@@ -205,7 +205,13 @@ func (c *cachedStudent) student() *studentv1.Student {
 }
 
 func (c *cachedStudent) namespace() string { return c.key[:c.nsLen] }
-func (c *cachedStudent) name() string      { return c.key[c.nsLen+1:] }
+
+func (c *cachedStudent) name() string {
+	if c.nsLen == 0 {
+		return c.key // no namespace, no "/"
+	}
+	return c.key[c.nsLen+1:]
+}
 
 func (c *cachedStudent) uidValue() types.UID {
 	if c.uid == uuid.Nil {

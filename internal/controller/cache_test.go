@@ -104,6 +104,7 @@ func TestCompact(t *testing.T) {
 		"registry written":       {func(s *studentv1.Student) { s.Status.Registry.LastWrittenTime = at(1700000000) }},
 		"an empty registry":      {func(s *studentv1.Student) { s.Status.Registry = &studentv1.RegistryStatus{} }},
 		"an orphan policy":       {orphan},
+		"no namespace":           {func(s *studentv1.Student) { s.Namespace = "" }},
 	}
 	for name, opts := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -114,8 +115,8 @@ func TestCompact(t *testing.T) {
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("the cached Student (-want +got):\n%s", diff)
 			}
-			if got.Namespace+"/"+got.Name != c.key {
-				t.Errorf("key %q; want %s/%s", c.key, got.Namespace, got.Name)
+			if want, _ := cache.MetaNamespaceKeyFunc(s); c.key != want {
+				t.Errorf("key %q; want %q, as the cache's key function makes it", c.key, want)
 			}
 			if paused(got) != paused(s) || reconcileRequest(got) != reconcileRequest(s) || c.isPaused() != paused(s) {
 				t.Errorf("steering: paused %v, request %q; want %v, %q", paused(got), reconcileRequest(got), paused(s), reconcileRequest(s))

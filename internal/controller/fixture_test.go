@@ -199,6 +199,9 @@ func newStudent(name string, opts ...studentOption) *studentv1.Student {
 	s := &studentv1.Student{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: "school", Name: name, UID: types.UID("uid-" + name), Generation: 1,
+			// The fake API server keeps whatever resourceVersion it is given; the
+			// finalizer patch needs one to be conditional.
+			ResourceVersion:   "1",
 			CreationTimestamp: metav1.NewTime(start),
 		},
 		Spec: studentv1.StudentSpec{Name: "张三", School: "深圳中学", DeletionPolicy: studentv1.DeletionPolicyDelete},

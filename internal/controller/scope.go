@@ -188,7 +188,7 @@ func (in *Informers) Remove(namespace, name string) error {
 	if indexer == nil {
 		return nil
 	}
-	obj, exists, err := indexer.GetByKey(namespace + "/" + name)
+	obj, exists, err := indexer.GetByKey(cache.NewObjectName(namespace, name).String())
 	if err != nil || !exists {
 		return err
 	}
@@ -201,9 +201,11 @@ func (in *Informers) get(namespace, name string) (*cachedStudent, bool) {
 	if indexer == nil {
 		return nil, false
 	}
-	obj, exists, _ := indexer.GetByKey(namespace + "/" + name) // a key lookup never fails
-	s, ok := obj.(*cachedStudent)
-	return s, exists && ok
+	obj, exists, _ := indexer.GetByKey(cache.NewObjectName(namespace, name).String()) // a key lookup never fails
+	if !exists {
+		return nil, false
+	}
+	return asCached(obj), true
 }
 
 // list returns every cached Student.
@@ -211,10 +213,21 @@ func (in *Informers) list() []*cachedStudent {
 	var all []*cachedStudent
 	for _, i := range in.informers {
 		for _, obj := range i.Indexer().List() {
-			if s, ok := obj.(*cachedStudent); ok {
-				all = append(all, s)
-			}
+			all = append(all, asCached(obj))
 		}
 	}
 	return all
+}
+
+// asCached is a cached object as a cachedStudent. The transform made every one; a
+// Student that reached the cache some other way is made compact here rather than taken
+// for gone (the sweep would take its row for an orphan).
+func asCached(obj any) *cachedStudent {
+	switch o := obj.(type) {
+	case *cachedStudent:
+		return o
+	case *studentv1.Student:
+		return compactStudent(o)
+	}
+	panic(fmt.Sprintf("the Student cache holds a %T", obj))
 }

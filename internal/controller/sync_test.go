@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2/ktesting"
@@ -747,4 +749,58 @@ func TestRegistryErrorsStayInTheLog(t *testing.T) {
 	if sent == 0 {
 		t.Error("no Warning event for the failure")
 	}
+}
+
+// TestFinalizerPatch: the finalizer is written with a merge patch of the finalizers
+// alone, carrying the resourceVersion of the Student the sync read, so that the API
+// server refuses it if the Student changed since (as it would an update); without a
+// resourceVersion it is not written at all.
+func TestFinalizerPatch(t *testing.T) {
+	const other = "example.com/other"
+	tests := map[string]struct {
+		student *studentv1.Student
+		want    []any
+	}{
+		"added": {newStudent("a", func(s *studentv1.Student) { s.Finalizers = []string{other} }), []any{other, Finalizer}},
+		"removed": {newStudent("a", func(s *studentv1.Student) { s.Finalizers = []string{other, Finalizer} }, deleting),
+			[]any{other}},
+		"the last removed": {newStudent("a", withFinalizer, deleting), []any{}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.student.ResourceVersion = "7"
+			f := newFixture(t, tc.student)
+			if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+				t.Fatal(err)
+			}
+			var patches []map[string]any
+			for _, a := range f.client.Actions() {
+				if p, ok := a.(k8stesting.PatchAction); ok {
+					if p.GetPatchType() != types.MergePatchType {
+						t.Errorf("patch of type %s; want a merge patch", p.GetPatchType())
+					}
+					var body map[string]any
+					if err := json.Unmarshal(p.GetPatch(), &body); err != nil {
+						t.Fatal(err)
+					}
+					patches = append(patches, body)
+				}
+			}
+			want := []map[string]any{{"metadata": map[string]any{"finalizers": tc.want, "resourceVersion": "7"}}}
+			if diff := cmp.Diff(want, patches); diff != "" {
+				t.Errorf("patches (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	t.Run("no resourceVersion", func(t *testing.T) {
+		f := newFixture(t, newStudent("a", withFinalizer, deleting, func(s *studentv1.Student) { s.ResourceVersion = "" }))
+		err := f.ctrl.sync(f.ctx, "school/a")
+		if err == nil || !strings.Contains(err.Error(), "no resourceVersion") {
+			t.Errorf("sync: %v; want the finalizer write refused for want of a resourceVersion", err)
+		}
+		if got := f.writes(); len(got) != 0 {
+			t.Errorf("API writes %v; want none", got)
+		}
+	})
 }

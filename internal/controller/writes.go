@@ -93,6 +93,11 @@ func (w *writes) bind(ctx context.Context, owner, cluster string) error {
 // Student changed since, as it would an update. The Student is the cache's, which
 // holds no labels or other annotations to write back.
 func (w *writes) setFinalizers(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
+	if s.ResourceVersion == "" {
+		// Unconditional, the patch would replace finalizers that another party added
+		// since the Student was read.
+		return nil, fmt.Errorf("write the finalizers of %s/%s: no resourceVersion to make the write conditional on", s.Namespace, s.Name)
+	}
 	finalizers := s.Finalizers
 	if finalizers == nil {
 		finalizers = []string{}
@@ -114,7 +119,7 @@ type finalizersPatch struct {
 
 type finalizersPatchMeta struct {
 	Finalizers      []string `json:"finalizers"`
-	ResourceVersion string   `json:"resourceVersion,omitempty"`
+	ResourceVersion string   `json:"resourceVersion"`
 }
 
 // updateStatus writes s's status: the API server keeps .status alone of the object

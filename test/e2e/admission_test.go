@@ -66,7 +66,7 @@ func testAdmissionPolicy(t *testing.T, studentWrites int, sweep time.Duration) {
 		}
 	}
 	writes := ctl.requests.writes()
-	if got := writes["PUT students"] + writes["PUT students/status"]; got != studentWrites*n {
+	if got := writes["PUT students"] + writes["PATCH students"] + writes["PUT students/status"]; got != studentWrites*n {
 		t.Errorf("%d new Students cost %d Student writes, want %d each: %v", n, got, studentWrites, writes)
 	}
 	if got := ctl.registry.writes.Load(); got != n {

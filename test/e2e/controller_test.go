@@ -147,7 +147,7 @@ func testConvergeUpdateRestart(t *testing.T, b registrytest.Backend) {
 	assertRowsMatch(t, db, items)
 
 	writes := ctrl.requests.writes()
-	if got := writes["PUT students"] + writes["PUT students/status"]; got > 200 {
+	if got := writes["PUT students"] + writes["PATCH students"] + writes["PUT students/status"]; got > 200 {
 		t.Errorf("100 new Students cost %d Student writes, want at most 200: %v", got, writes)
 	}
 	if got := ctrl.registry.writes.Load(); got != 100 {
