@@ -90,7 +90,10 @@ STATE_DIR ?= .local
 RUN_FLAGS ?=
 
 .PHONY: run
-run: controlplane build ## Run everything locally: control plane, CRD, samples, controller on SQLite. Ctrl-C stops it.
+run: build ## Run everything locally: control plane, CRD, samples, controller on SQLite. Ctrl-C stops it.
+	@# etcd and kube-apiserver first; student-dev builds kube-controller-manager (if it is
+	@# not built yet) while the rest starts, and starts it once built.
+	hack/build-controlplane.sh etcd kube-apiserver
 	bin/student-dev --state-dir $(STATE_DIR) $(RUN_FLAGS)
 
 .PHONY: cluster

@@ -89,9 +89,13 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr, t
 	kubeconfig := filepath.Join(state, "kubeconfig")
 	registryFile := filepath.Join(state, "student-registry.db")
 
+	controllerManager, err := buildControllerManager(ctx, root, state)
+	if err != nil {
+		return err
+	}
 	say("Starting the local control plane from bin/k8s: etcd, kube-apiserver, and kube-controller-manager running %s (data in %s)",
 		strings.Join(controlplane.Controllers, " and "), state)
-	opts := controlplane.Options{Root: root, Dir: state}
+	opts := controlplane.Options{Root: root, Dir: state, WithoutControllerManager: true}
 	if tracing != "" {
 		// Rate 0: kube-apiserver traces only the requests whose caller sampled them,
 		// the controller's syncs.
@@ -105,6 +109,7 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr, t
 	}
 	env, err := controlplane.Start(opts)
 	if err != nil {
+		controllerManager.stop()
 		return err
 	}
 	defer func() {
@@ -114,7 +119,17 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr, t
 			say("Stopped; the state stays in %s for the next run", state)
 		}
 	}()
-	say("Control plane up (kube-controller-manager logs to %s); the Student CRD and the admission policy that adds its finalizer are installed", env.ControllerManagerLog())
+	defer controllerManager.stop() // before the control plane stops
+	started, err := controllerManager.start(env)
+	if err != nil {
+		return err
+	}
+	const installed = "the Student CRD and the admission policy that adds its finalizer are installed"
+	if started {
+		say("Control plane up (kube-controller-manager logs to %s); %s", env.ControllerManagerLog(), installed)
+	} else {
+		say("Control plane up; %s. kube-controller-manager is still compiling (%s) and starts once built: the rest does not wait for it", installed, controllerManager.log)
+	}
 
 	say("Applying the sample Students (config/samples)")
 	apply := exec.CommandContext(ctx, "kubectl", "--kubeconfig", kubeconfig, "apply", "-k", filepath.Join(root, "config", "samples"))

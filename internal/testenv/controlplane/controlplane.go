@@ -66,6 +66,7 @@ type Env struct {
 
 	etcdURL, apiURL string
 	removeDir       bool
+	forNode         bool
 }
 
 // Options say how to run a control plane. The zero value keeps its state in a
@@ -81,7 +82,8 @@ type Options struct {
 	// otherwise, as config/default does in a cluster.
 	WithoutAdmissionPolicy bool
 	// WithoutControllerManager runs no kube-controller-manager (the chaos suite's
-	// faults strike the API server and etcd alone).
+	// faults strike the API server and etcd alone), or not yet: StartControllerManager
+	// starts it later.
 	WithoutControllerManager bool
 	// APIServerFlags are set on kube-apiserver's command line, over the defaults:
 	// flag name (without dashes) to value, e.g. {"watch-cache": "false"}.
@@ -109,7 +111,11 @@ func Start(opts Options) (*Env, error) {
 		}
 	}
 	bin := filepath.Join(root, "bin", "k8s")
-	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
+	binaries := []string{"etcd", "kube-apiserver", "kube-controller-manager"}
+	if opts.WithoutControllerManager {
+		binaries = binaries[:2]
+	}
+	for _, b := range binaries {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
 			return nil, fmt.Errorf("control plane binary %s is missing (run `make controlplane` first): %w", b, err)
 		}
@@ -254,8 +260,9 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 	}); err != nil {
 		return fmt.Errorf("install the CRD: %w", err)
 	}
+	e.forNode = opts.NodeAddress != ""
 	if !opts.WithoutControllerManager {
-		if e.ControllerManager, err = startControllerManager(filepath.Join(bin, "kube-controller-manager"), e.Kubeconfig, e.Dir, opts.NodeAddress != ""); err != nil {
+		if err := e.StartControllerManager(); err != nil {
 			return err
 		}
 	}
@@ -309,6 +316,21 @@ func waitHealthy(ctx context.Context, p *proc.Process, url string) error {
 		err = fmt.Errorf("%s not healthy at %s within 2 minutes (last: %v); its log %s ends:\n%s", p.Name(), url, last, p.LogPath(), p.Tail(20))
 	}
 	return err
+}
+
+// StartControllerManager starts kube-controller-manager from bin/k8s and waits until
+// its controllers work: Start does, unless Options.WithoutControllerManager said not to
+// (make run starts it once it is built).
+func (e *Env) StartControllerManager() error {
+	if e.ControllerManager != nil {
+		return errors.New("kube-controller-manager runs already")
+	}
+	p, err := startControllerManager(filepath.Join(e.Root, "bin", "k8s", "kube-controller-manager"), e.Kubeconfig, e.Dir, e.forNode)
+	if err != nil {
+		return err
+	}
+	e.ControllerManager = p
+	return nil
 }
 
 // ControllerManagerLog is the path of kube-controller-manager's log.
