@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,7 +20,7 @@ import (
 type laterControllerManager struct {
 	log    string
 	build  *exec.Cmd
-	exited chan struct{} // closed once the build has ended, with buildErr set
+	exited chan struct{} // closed once the build has ended, with err set
 	err    error
 
 	mu      sync.Mutex
@@ -31,18 +30,18 @@ type laterControllerManager struct {
 
 // buildControllerManager starts building kube-controller-manager into bin/k8s, its
 // output in the state folder.
-func buildControllerManager(ctx context.Context, root, state string) (*laterControllerManager, error) {
+func buildControllerManager(root, state string) (*laterControllerManager, error) {
 	l := &laterControllerManager{log: filepath.Join(state, "kube-controller-manager-build.log"), exited: make(chan struct{})}
 	out, err := os.Create(l.log)
 	if err != nil {
 		return nil, err
 	}
-	l.build = exec.CommandContext(ctx, filepath.Join(root, "hack", "build-controlplane.sh"), "kube-controller-manager")
+	// Not tied to the context that Ctrl-C ends: stop ends it, and says nothing of it.
+	l.build = exec.Command(filepath.Join(root, "hack", "build-controlplane.sh"), "kube-controller-manager") // #nosec G204 -- our own script
 	l.build.Dir = root
 	l.build.Stdout, l.build.Stderr = out, out
 	// Its own process group, so that stopping it stops the go build under it too.
 	l.build.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	l.build.Cancel = func() error { return syscall.Kill(-l.build.Process.Pid, syscall.SIGKILL) }
 	if err := l.build.Start(); err != nil {
 		_ = out.Close()
 		return nil, fmt.Errorf("build kube-controller-manager: %w", err)
@@ -96,7 +95,7 @@ func (l *laterControllerManager) stop() {
 	select {
 	case <-l.exited:
 	default:
-		_ = l.build.Cancel()
+		_ = syscall.Kill(-l.build.Process.Pid, syscall.SIGKILL)
 		<-l.exited
 	}
 	if l.started != nil {

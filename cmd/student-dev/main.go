@@ -89,7 +89,7 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr, t
 	kubeconfig := filepath.Join(state, "kubeconfig")
 	registryFile := filepath.Join(state, "student-registry.db")
 
-	controllerManager, err := buildControllerManager(ctx, root, state)
+	controllerManager, err := buildControllerManager(root, state)
 	if err != nil {
 		return err
 	}

@@ -27,7 +27,20 @@ type contender struct {
 	postgres bool
 	// withoutHistory: built without the history row (-tags bench_nohistory).
 	withoutHistory bool
+	// apiServerFlags are set on kube-apiserver's command line for its run (the API
+	// server is started again with them, and again without for the next contender
+	// that has none); clientEnv is added to its environment.
+	apiServerFlags []string
+	clientEnv      []string
 }
+
+// cborServer and cborClient turn CBOR on: kube-apiserver serves and stores custom
+// resources as CBOR (an alpha gate in v1.37), and client-go sends and asks for it
+// (alpha gates too, read from the environment).
+var (
+	cborServer = []string{"--feature-gates=CBORServingAndStorage=true"}
+	cborClient = []string{"KUBE_FEATURE_ClientsAllowCBOR=true", "KUBE_FEATURE_ClientsPreferCBOR=true"}
+)
 
 type binaries struct{ controller, controllerNoHistory, peer, floor string }
 
@@ -112,8 +125,31 @@ func contenders(b binaries) []contender {
 			name: floorStatusOnly, describe: "the same floor on Students created with the finalizer: only the status write, as a controller makes with the policy",
 			bin: b.floor, args: floorArgs, createdWithFinalizer: true,
 		},
+		{
+			name: withCBOR, describe: "as shipped, with CBOR on both sides: kube-apiserver's CBORServingAndStorage gate, the controller's ClientsAllowCBOR and ClientsPreferCBOR (all alpha in v1.37)",
+			bin: b.controller, registry: true, reconciles: "student_controller_reconcile_total", policy: true,
+			args: controllerArgs(), apiServerFlags: cborServer, clientEnv: cborClient,
+		},
+		{
+			name: floorStatusOnlyCBOR, describe: "the status-only floor with CBOR on both sides, as " + withCBOR + " has it",
+			bin: b.floor, args: floorArgs, createdWithFinalizer: true, apiServerFlags: cborServer, clientEnv: cborClient,
+		},
+		{
+			name: noWatchGzip, describe: "as shipped, with kube-apiserver's WatchListCompression gate off: the watch that starts with the list is not gzipped",
+			bin: b.controller, registry: true, reconciles: "student_controller_reconcile_total", policy: true,
+			args: controllerArgs(), apiServerFlags: []string{"--feature-gates=WatchListCompression=false"},
+		},
 	}
 }
+
+// The contenders that measure how the bytes travel, each beside the one it differs
+// from: withCBOR and floorStatusOnlyCBOR beside student-controller and
+// floorStatusOnly, noWatchGzip beside student-controller.
+const (
+	withCBOR            = "student-controller-cbor"
+	floorStatusOnlyCBOR = "floor-status-only-cbor"
+	noWatchGzip         = "student-controller-no-watch-gzip"
+)
 
 // The floors' names: the results are measured against them.
 const (

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +46,12 @@ type harness struct {
 	hold  time.Duration
 	// pg is the PostgreSQL the contenders with a PostgreSQL registry use.
 	pg *pgtest.Server
+	// restartAPIServer starts kube-apiserver again with extra flags (none: as the
+	// control plane started it), which apiServerFlags are now; apiServerCPU is the
+	// CPU time kube-apiserver has used since it started.
+	restartAPIServer func(ctx context.Context, extra ...string) error
+	apiServerFlags   []string
+	apiServerCPU     func() float64
 }
 
 // point is the number of Ready Students at a time since the loader started.
@@ -75,8 +82,10 @@ type result struct {
 	PeakRSSMiB   float64 `json:"peakRSSMiB"`
 	SteadyRSSMiB float64 `json:"steadyRSSMiB"`
 	// ConvergeCPUSeconds is the CPU time the process used from its start until it had
-	// converged (and settled).
-	ConvergeCPUSeconds float64 `json:"convergeCPUSeconds"`
+	// converged (and settled); APIServerCPUSeconds kube-apiserver's from the first
+	// Student created until then.
+	ConvergeCPUSeconds  float64 `json:"convergeCPUSeconds"`
+	APIServerCPUSeconds float64 `json:"apiServerCPUSeconds,omitempty"`
 
 	RestartMeasured bool    `json:"restartMeasured"`
 	RestartSeconds  float64 `json:"restartSeconds"`
@@ -107,6 +116,13 @@ func (r *result) summary() string {
 
 func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	r := &result{Name: c.name, Describe: c.describe, N: h.n}
+	if !slices.Equal(c.apiServerFlags, h.apiServerFlags) {
+		say("  restarting kube-apiserver with %q", c.apiServerFlags)
+		if err := h.restartAPIServer(ctx, c.apiServerFlags...); err != nil {
+			return nil, err
+		}
+		h.apiServerFlags = c.apiServerFlags
+	}
 	if err := h.policy(ctx, c.policy); err != nil {
 		return nil, err
 	}
@@ -133,6 +149,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	defer p.kill()
 
 	// Converge: the loader creates N Students at high concurrency.
+	apiServerCPU := h.apiServerCPU()
 	start := time.Now()
 	timeline := obs.record(start)
 	if err := h.load(ctx, ns.Name, c.createdWithFinalizer); err != nil {
@@ -159,6 +176,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		return nil, err
 	}
 	r.Timeline = timeline()
+	r.APIServerCPUSeconds = h.apiServerCPU() - apiServerCPU
 	if c.registry {
 		if r.RegistryBytes, err = reg.size(); err != nil {
 			return nil, err
@@ -396,7 +414,7 @@ func (h *harness) start(ctx context.Context, c contender, ns string, reg registr
 		Name: c.name,
 		Path: c.bin,
 		Args: append(c.args(h, ns, reg.url, p.metricsAddr, p.probeAddr), h.flags...),
-		Env:  reg.env,
+		Env:  slices.Concat(reg.env, c.clientEnv),
 		Log:  filepath.Join(h.scratch, c.name+"-"+run+".log"),
 	})
 	if err != nil {

@@ -94,7 +94,12 @@ var skippedWhy = map[string]string{
 	noHistory:           historyAtTargetN,
 	onPostgres:          historyAtTargetN,
 	onPostgresNoHistory: historyAtTargetN,
+	withCBOR:            bytesAtTargetN,
+	floorStatusOnlyCBOR: bytesAtTargetN,
+	noWatchGzip:         bytesAtTargetN,
 }
+
+const bytesAtTargetN = "what CBOR and the watch's gzip change is measured at N = 10000"
 
 const historyAtTargetN = "what the history costs is measured at N = 10000"
 
@@ -181,6 +186,8 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 		kube:     kubernetes.NewForConfigOrDie(cfg),
 		students: versioned.NewForConfigOrDie(cfg),
 		flags:    inv.flags, hold: inv.hold, pg: pg,
+		restartAPIServer: env.RestartAPIServer,
+		apiServerCPU:     func() float64 { return env.APIServer.Usage().CPUSeconds },
 		policy: func(ctx context.Context, installed bool) error {
 			if installed {
 				return env.InstallAdmissionPolicy(ctx)

@@ -193,6 +193,7 @@ func markdown(rep report, from *report) string {
 	}
 	b.WriteString(sweepTable(rep))
 	b.WriteString(historyTable(rep))
+	b.WriteString(bytesTable(rep))
 	if from != nil {
 		b.WriteString(scaleTargets(rep, from))
 	} else {
@@ -419,6 +420,52 @@ func historyTable(rep report) string {
 			seconds(with.ConvergeSeconds, without.ConvergeSeconds, converged), seconds(with.ConvergeCPUSeconds, without.ConvergeCPUSeconds, converged),
 			seconds(with.DeleteSeconds, without.DeleteSeconds, with.DeleteDone && without.DeleteDone), with.HistoryRows, without.HistoryRows,
 			size, share)
+	}
+	return b.String()
+}
+
+// bytesTable sets the contenders that change how the bytes travel beside the ones
+// they differ from, when the run has both: CBOR on both sides, and a watch not gzipped.
+func bytesTable(rep report) string {
+	by := map[string]*result{}
+	for _, r := range rep.Results {
+		by[r.Name] = r
+	}
+	var b strings.Builder
+	for _, pair := range []struct{ change, base, other, baseFloor, otherFloor string }{
+		{"CBOR, the controller", "student-controller", withCBOR, floorStatusOnly, floorStatusOnlyCBOR},
+		{"CBOR, the status-only floor", floorStatusOnly, floorStatusOnlyCBOR, "", ""},
+		{"the watch not gzipped (WatchListCompression off)", "student-controller", noWatchGzip, floorStatusOnly, floorStatusOnly},
+	} {
+		base, other := by[pair.base], by[pair.other]
+		if base == nil || other == nil {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("\n## CBOR, and the watch's gzip\n\n")
+			b.WriteString("Each contender beside the one it differs from, in the same run. CBOR: kube-apiserver started " +
+				"with `--feature-gates=CBORServingAndStorage=true` (custom resources served and stored as CBOR) and the " +
+				"contender with `KUBE_FEATURE_ClientsAllowCBOR=true` and `KUBE_FEATURE_ClientsPreferCBOR=true` (its requests, " +
+				"responses and watch in CBOR; the loader and the observer stay on JSON); all three gates are alpha in v1.37. " +
+				"The watch not gzipped: kube-apiserver started with `--feature-gates=WatchListCompression=false`; by default it " +
+				"gzips the whole watch that an informer opens with the initial list (every event after it too), on loopback " +
+				"as anywhere. kube-apiserver's CPU is from the first Student created until converged. A pair that did not " +
+				"both converge shows \"–\". One run each: a difference of a second or two is within what runs differ by.\n\n")
+			b.WriteString("| change | converge: without, with | contender's CPU to converge | kube-apiserver's CPU to converge | × its status-only floor: without, with |\n|---|---|---|---|---|\n")
+		}
+		converged := base.Converged && other.Converged
+		pct := func(w, wo float64) string {
+			if !converged || w <= 0 || wo <= 0 {
+				return "–"
+			}
+			return fmt.Sprintf("%.1f s, %.1f s (%+.0f%%)", wo, w, (w/wo-1)*100)
+		}
+		floors := "–"
+		if bf, of := by[pair.baseFloor], by[pair.otherFloor]; converged && bf != nil && of != nil && bf.Converged && of.Converged {
+			floors = fmt.Sprintf("%.2f, %.2f", base.ConvergeSeconds/bf.ConvergeSeconds, other.ConvergeSeconds/of.ConvergeSeconds)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", pair.change, pct(other.ConvergeSeconds, base.ConvergeSeconds),
+			pct(other.ConvergeCPUSeconds, base.ConvergeCPUSeconds), pct(other.APIServerCPUSeconds, base.APIServerCPUSeconds), floors)
 	}
 	return b.String()
 }

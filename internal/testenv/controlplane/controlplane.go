@@ -65,6 +65,7 @@ type Env struct {
 	Etcd, APIServer, ControllerManager *proc.Process
 
 	etcdURL, apiURL string
+	apiServerSpec   proc.Spec
 	removeDir       bool
 	forNode         bool
 }
@@ -231,8 +232,9 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 	for _, name := range slices.Sorted(maps.Keys(flags)) {
 		args = append(args, "--"+name+"="+flags[name])
 	}
-	e.APIServer = proc.New(proc.Spec{Name: "kube-apiserver", Path: filepath.Join(bin, "kube-apiserver"), Args: args,
-		Log: filepath.Join(e.Dir, "kube-apiserver.log")})
+	e.apiServerSpec = proc.Spec{Name: "kube-apiserver", Path: filepath.Join(bin, "kube-apiserver"), Args: args,
+		Log: filepath.Join(e.Dir, "kube-apiserver.log")}
+	e.APIServer = proc.New(e.apiServerSpec)
 
 	if err := e.StartEtcd(ctx); err != nil {
 		return err
@@ -288,6 +290,19 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 		return err
 	}
 	return waitHealthy(ctx, e.APIServer, e.apiURL+"/readyz")
+}
+
+// RestartAPIServer stops kube-apiserver and starts it again on the same data with
+// extra arguments after Start's (none: as Start ran it), and waits until it is ready.
+// The bench turns an alpha feature gate on so for the contenders that need it.
+func (e *Env) RestartAPIServer(ctx context.Context, extra ...string) error {
+	if err := e.APIServer.Stop(30 * time.Second); err != nil {
+		return fmt.Errorf("stop kube-apiserver: %w", err)
+	}
+	spec := e.apiServerSpec
+	spec.Args = slices.Concat(spec.Args, extra)
+	e.APIServer = proc.New(spec)
+	return e.StartAPIServer(ctx)
 }
 
 // WaitReady waits until kube-apiserver is ready (after etcd came back, say).
