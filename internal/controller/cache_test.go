@@ -196,7 +196,7 @@ func BenchmarkCachedStudent(b *testing.B) {
 		s.UID, s.ResourceVersion = types.UID(uuid.NewString()), fmt.Sprint(100000+i)
 		s.Finalizers = []string{Finalizer}
 		s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "loader", Operation: metav1.ManagedFieldsOperationUpdate,
-			APIVersion: "bolingcavalry.k8s.io/v1", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{"f:name":{},"f:school":{}}}`)}}}
+			APIVersion: "bolingcavalry.k8s.io/v1", FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:name":{},"f:school":{}}}`)}}
 		students[i] = s
 	}
 	encoded := make([][]byte, n)

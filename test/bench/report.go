@@ -204,10 +204,7 @@ func markdown(rep report, from *report) string {
 
 // targets checks student-controller's results against the targets it is held to.
 func targets(rep report) string {
-	by := map[string]*result{}
-	for _, r := range rep.Results {
-		by[r.Name] = r
-	}
+	by := byName(rep)
 	sc, noPolicy, orig, peer := by["student-controller"], by["student-controller-no-policy"], by["original-settings"], by["controller-runtime"]
 	if sc == nil || noPolicy == nil || orig == nil || peer == nil || by[floorTwoWrites] == nil || by[floorStatusOnly] == nil {
 		return ""
@@ -379,10 +376,7 @@ func sweepTable(rep report) string {
 // historyTable sets each registry's contender beside the same build without the
 // history, when the run has both.
 func historyTable(rep report) string {
-	by := map[string]*result{}
-	for _, r := range rep.Results {
-		by[r.Name] = r
-	}
+	by := byName(rep)
 	var b strings.Builder
 	for _, pair := range []struct{ registry, with, without string }{
 		{"SQLite", "student-controller", noHistory},
@@ -427,10 +421,7 @@ func historyTable(rep report) string {
 // bytesTable sets the contenders that change how the bytes travel beside the ones
 // they differ from, when the run has both: CBOR on both sides, and a watch not gzipped.
 func bytesTable(rep report) string {
-	by := map[string]*result{}
-	for _, r := range rep.Results {
-		by[r.Name] = r
-	}
+	by := byName(rep)
 	var b strings.Builder
 	for _, pair := range []struct{ change, base, other, baseFloor, otherFloor string }{
 		{"CBOR, the controller", "student-controller", withCBOR, floorStatusOnly, floorStatusOnlyCBOR},
@@ -468,6 +459,15 @@ func bytesTable(rep report) string {
 			pct(other.ConvergeCPUSeconds, base.ConvergeCPUSeconds), pct(other.APIServerCPUSeconds, base.APIServerCPUSeconds), floors)
 	}
 	return b.String()
+}
+
+// byName is the run's results by contender.
+func byName(rep report) map[string]*result {
+	by := map[string]*result{}
+	for _, r := range rep.Results {
+		by[r.Name] = r
+	}
+	return by
 }
 
 func methods(m map[string]float64) string {
