@@ -23,9 +23,12 @@ unset GOTOOLCHAIN
 cd "${dir}/src"
 log="${dir}/run.log"
 start=$(date +%s)
-# Its own process group, as a terminal's Ctrl-C reaches a foreground job; each line
-# stamped with the seconds since the start.
-setsid bash -c "make run STATE_DIR='${dir}/state' 2>&1 | while IFS= read -r line; do printf '%4d %s\n' \$((\$(date +%s) - ${start})) \"\${line}\"; done > '${log}'" &
+# make run in a session of its own, as a terminal runs a foreground job, so that the
+# Ctrl-C below reaches it alone; its lines are stamped with the seconds since the start
+# by a reader outside that session.
+setsid make run STATE_DIR="${dir}/state" > >(while IFS= read -r line; do
+	printf '%4d %s\n' $(($(date +%s) - start)) "${line}"
+done > "${log}") 2>&1 &
 pid=$!
 until grep -q 'student-controller is running' "${log}" 2>/dev/null; do
 	if ! kill -0 "${pid}" 2>/dev/null; then
@@ -33,11 +36,21 @@ until grep -q 'student-controller is running' "${log}" 2>/dev/null; do
 		tail -n 30 "${log}" >&2
 		exit 1
 	fi
+	if (($(date +%s) - start > 3600)); then
+		echo "make run was not up within an hour" >&2
+		exit 1
+	fi
 	sleep 1
 done
 up=$(($(date +%s) - start))
 kill -INT -- "-${pid}"
 wait "${pid}" || true
+sleep 1 # the reader's last lines
+if kill -0 -- "-${pid}" 2>/dev/null; then
+	echo "make run left processes behind after Ctrl-C (killed now):" >&2
+	ps -o pid,args -g "${pid}" >&2 || true
+	kill -KILL -- "-${pid}" 2>/dev/null || true
+fi
 pid=""
 echo "first make run of ${rev:0:7}: up after ${up} s on $(nproc) cores"
-grep -E '==>|built in|compiling|go build|up to date' "${log}" | grep -v 'go: downloading'
+grep -E '==>|built in|compiling|go build|up to date' "${log}" | grep -v 'go: downloading' || true

@@ -81,6 +81,9 @@ for b in "${binaries[@]}"; do
 		packages+=("k8s.io/kubernetes/cmd/${b}")
 	fi
 done
+for b in "${binaries[@]}"; do
+	rm -f "${OUT}/.stamp-${b}" # until it is built whole
+done
 start=${SECONDS}
 echo "${set_name}: compiling ${binaries[*]} ..."
 # -v lists each package as it is compiled; show a running count instead of thousands of

@@ -1,14 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
-
-	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 )
 
 // laterControllerManager builds kube-controller-manager while the rest starts, and
@@ -23,25 +22,34 @@ type laterControllerManager struct {
 	exited chan struct{} // closed once the build has ended, with err set
 	err    error
 
+	// mu is held while a start is decided and made, so that stop, once it returns,
+	// has no start under way and none to come.
 	mu      sync.Mutex
 	stopped bool
-	started chan struct{} // closed once start's background start has ended
 }
 
-// buildControllerManager starts building kube-controller-manager into bin/k8s, its
-// output in the state folder.
-func buildControllerManager(root, state string) (*laterControllerManager, error) {
+// controllerManagerStarter is the control plane that the built kube-controller-manager
+// joins (*controlplane.Env).
+type controllerManagerStarter interface {
+	StartControllerManager() error
+	ControllerManagerLog() string
+}
+
+// buildControllerManager starts root's hack/build-controlplane.sh kube-controller-manager,
+// its output in the state folder. The build runs in a process group of its own, which
+// stop, or ctx ending (Ctrl-C), kills whole (the go build under the script too);
+// nothing is said of a build ended so.
+func buildControllerManager(ctx context.Context, root, state string) (*laterControllerManager, error) {
 	l := &laterControllerManager{log: filepath.Join(state, "kube-controller-manager-build.log"), exited: make(chan struct{})}
 	out, err := os.Create(l.log)
 	if err != nil {
 		return nil, err
 	}
-	// Not tied to the context that Ctrl-C ends: stop ends it, and says nothing of it.
 	l.build = exec.Command(filepath.Join(root, "hack", "build-controlplane.sh"), "kube-controller-manager") // #nosec G204 -- our own script
 	l.build.Dir = root
 	l.build.Stdout, l.build.Stderr = out, out
-	// Its own process group, so that stopping it stops the go build under it too.
-	l.build.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The script dies with student-dev even when student-dev is killed outright.
+	l.build.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := l.build.Start(); err != nil {
 		_ = out.Close()
 		return nil, fmt.Errorf("build kube-controller-manager: %w", err)
@@ -51,12 +59,19 @@ func buildControllerManager(root, state string) (*laterControllerManager, error)
 		_ = out.Close()
 		close(l.exited)
 	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+			l.stop()
+		case <-l.exited:
+		}
+	}()
 	return l, nil
 }
 
 // start starts kube-controller-manager on env now if it is built, and reports whether
 // it did; otherwise it starts it in the background once built, and says so then.
-func (l *laterControllerManager) start(env *controlplane.Env) (bool, error) {
+func (l *laterControllerManager) start(env controllerManagerStarter) (bool, error) {
 	select {
 	case <-l.exited:
 		if l.err != nil {
@@ -65,9 +80,7 @@ func (l *laterControllerManager) start(env *controlplane.Env) (bool, error) {
 		return true, env.StartControllerManager()
 	default:
 	}
-	l.started = make(chan struct{})
 	go func() {
-		defer close(l.started)
 		<-l.exited
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -86,8 +99,9 @@ func (l *laterControllerManager) start(env *controlplane.Env) (bool, error) {
 	return false, nil
 }
 
-// stop ends the build if it still runs and keeps kube-controller-manager from starting
-// after it returns: call it before the control plane stops.
+// stop ends the build if it still runs, and keeps kube-controller-manager from starting
+// once it returns; it waits for a start under way. Call it before the control plane
+// stops; calling it again does nothing more.
 func (l *laterControllerManager) stop() {
 	l.mu.Lock()
 	l.stopped = true
@@ -98,7 +112,6 @@ func (l *laterControllerManager) stop() {
 		_ = syscall.Kill(-l.build.Process.Pid, syscall.SIGKILL)
 		<-l.exited
 	}
-	if l.started != nil {
-		<-l.started
-	}
+	l.mu.Lock() // a background start, if one began before stopped was set, has ended
+	l.mu.Unlock()
 }

@@ -89,10 +89,24 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr, t
 	kubeconfig := filepath.Join(state, "kubeconfig")
 	registryFile := filepath.Join(state, "student-registry.db")
 
-	controllerManager, err := buildControllerManager(root, state)
+	controllerManager, err := buildControllerManager(ctx, root, state)
 	if err != nil {
 		return err
 	}
+	// On every way out: the build ends (and kube-controller-manager does not start
+	// after), then the control plane stops.
+	var env *controlplane.Env
+	defer func() {
+		controllerManager.stop()
+		if env == nil {
+			return
+		}
+		say("Stopping the control plane")
+		err = errors.Join(err, env.Stop())
+		if err == nil {
+			say("Stopped; the state stays in %s for the next run", state)
+		}
+	}()
 	say("Starting the local control plane from bin/k8s: etcd, kube-apiserver, and kube-controller-manager running %s (data in %s)",
 		strings.Join(controlplane.Controllers, " and "), state)
 	opts := controlplane.Options{Root: root, Dir: state, WithoutControllerManager: true}
@@ -107,19 +121,9 @@ func run(ctx context.Context, stateDir, controllerBin, probeAddr, metricsAddr, t
 		extra = append([]string{"--tracing-endpoint", tracing}, extra...)
 		say("Tracing to %s: the controller's syncs, and kube-apiserver's requests within them", tracing)
 	}
-	env, err := controlplane.Start(opts)
-	if err != nil {
-		controllerManager.stop()
+	if env, err = controlplane.Start(opts); err != nil {
 		return err
 	}
-	defer func() {
-		say("Stopping the control plane")
-		err = errors.Join(err, env.Stop())
-		if err == nil {
-			say("Stopped; the state stays in %s for the next run", state)
-		}
-	}()
-	defer controllerManager.stop() // before the control plane stops
 	started, err := controllerManager.start(env)
 	if err != nil {
 		return err

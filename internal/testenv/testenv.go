@@ -42,28 +42,40 @@ func FreePort() (int, error) {
 	if first := ephemeralPortsFrom(); first <= high {
 		high = first - 1
 	}
+	if low > high {
+		// The kernel hands out every port from 20000 on: take one from it.
+		return kernelPort()
+	}
 	for range 1000 {
-		if low > high {
-			break
-		}
 		port := low + rand.IntN(high-low+1) // #nosec G404 -- a port, not a secret
 		handedOutMu.Lock()
 		taken := handedOut[port]
+		handedOut[port] = true // held while it is tried
 		handedOutMu.Unlock()
 		if taken {
 			continue
 		}
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
+			handedOutMu.Lock()
+			delete(handedOut, port)
+			handedOutMu.Unlock()
 			continue
 		}
 		_ = l.Close()
-		handedOutMu.Lock()
-		handedOut[port] = true
-		handedOutMu.Unlock()
 		return port, nil
 	}
 	return 0, fmt.Errorf("no free port of 127.0.0.1 from %d to %d", low, high)
+}
+
+// kernelPort is a port that the kernel picked for a listener, free a moment ago.
+func kernelPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // The ports FreePort picks from.

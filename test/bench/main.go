@@ -117,7 +117,11 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 	if len(picked) > 0 {
 		for _, name := range names {
 			if !slices.Contains(picked, name) {
-				left = append(left, skipped{Name: name, Why: cmp.Or(skippedWhy[name], "not picked (-contenders)")})
+				why := "not picked (-contenders)"
+				if slices.Equal(picked, scaleRun) { // the scale run's own choice
+					why = cmp.Or(skippedWhy[name], why)
+				}
+				left = append(left, skipped{Name: name, Why: why})
 			}
 		}
 	}

@@ -146,7 +146,7 @@ func markdown(rep report, from *report) string {
 		restart := "–"
 		if r.RestartMeasured {
 			restart = fmt.Sprintf("%.1f s, %d", r.RestartSeconds, r.RestartWrites)
-		} else if r.Converged && r.Name != floorTwoWrites && r.Name != floorStatusOnly {
+		} else if r.Converged && r.Name != floorTwoWrites && r.Name != floorStatusOnly && r.Name != floorStatusOnlyCBOR {
 			restart = fmt.Sprintf("not done in %.0f s", r.RestartSeconds)
 		}
 		del := fmt.Sprintf("%.1f s", r.DeleteSeconds)
