@@ -22,10 +22,12 @@ type laterControllerManager struct {
 	exited chan struct{} // closed once the build has ended, with err set
 	err    error
 
-	// mu is held while a start is decided and made, so that stop, once it returns,
-	// has no start under way and none to come.
-	mu      sync.Mutex
-	stopped bool
+	// mu is held while a start is decided and made; deciding counts the background
+	// start that waits for the build, which stop waits for, so that once it returns
+	// no start is under way and none is to come.
+	mu       sync.Mutex
+	stopped  bool
+	deciding sync.WaitGroup
 }
 
 // controllerManagerStarter is the control plane that the built kube-controller-manager
@@ -80,7 +82,12 @@ func (l *laterControllerManager) start(env controllerManagerStarter) (bool, erro
 		return true, env.StartControllerManager()
 	default:
 	}
-	go func() {
+	l.mu.Lock() // stop, once it has set stopped, waits for what is added here
+	defer l.mu.Unlock()
+	if l.stopped {
+		return false, nil
+	}
+	l.deciding.Go(func() {
 		<-l.exited
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -95,7 +102,7 @@ func (l *laterControllerManager) start(env controllerManagerStarter) (bool, erro
 			}
 			say("kube-controller-manager built and started (logs to %s)", env.ControllerManagerLog())
 		}
-	}()
+	})
 	return false, nil
 }
 
@@ -112,6 +119,5 @@ func (l *laterControllerManager) stop() {
 		_ = syscall.Kill(-l.build.Process.Pid, syscall.SIGKILL)
 		<-l.exited
 	}
-	l.mu.Lock() // a background start, if one began before stopped was set, has ended
-	l.mu.Unlock()
+	l.deciding.Wait()
 }
