@@ -67,7 +67,15 @@ func TestKustomizeInstall(t *testing.T) {
 // is refused.
 func checkMetricsAccess(t *testing.T) {
 	t.Helper()
-	code, body := scrape(t, scraper(t))
+	// The Service reaches a Pod once kube-proxy has heard of its endpoint, a moment after
+	// the Pod is Ready: checkInstall has just replaced the Pod. Until then a connection
+	// fails (code 0, "no route to host"); what answers is checked.
+	token := scraper(t)
+	code, body := scrape(t, token)
+	for deadline := time.Now().Add(30 * time.Second); code == 0 && time.Now().Before(deadline); {
+		time.Sleep(500 * time.Millisecond)
+		code, body = scrape(t, token)
+	}
 	if code != http.StatusOK || !strings.Contains(body, "student_controller_") {
 		t.Errorf("/metrics with the metrics-reader's token: %d, want 200 and the controller's metrics:\n%.300s", code, body)
 	}
