@@ -26,6 +26,18 @@ func fakeRoot(t *testing.T, script string) string {
 	return root
 }
 
+// building starts the build of a checkout whose hack/build-controlplane.sh is script,
+// and stops it when the test ends.
+func building(t *testing.T, ctx context.Context, script, state string) *laterControllerManager {
+	t.Helper()
+	l, err := buildControllerManager(ctx, fakeRoot(t, script), state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.stop)
+	return l
+}
+
 // fakeControlPlane counts the starts of kube-controller-manager.
 type fakeControlPlane struct {
 	mu     sync.Mutex
@@ -63,11 +75,7 @@ func within(t *testing.T, what string, cond func() bool) {
 // stopped; and stopping (or Ctrl-C) ends the build with everything it started.
 func TestLaterControllerManager(t *testing.T) {
 	t.Run("up to date", func(t *testing.T) {
-		l, err := buildControllerManager(t.Context(), fakeRoot(t, "exit 0"), t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.stop()
+		l := building(t, t.Context(), "exit 0", t.TempDir())
 		<-l.exited
 		cp := &fakeControlPlane{}
 		if started, err := l.start(cp); !started || err != nil || cp.started() != 1 {
@@ -75,11 +83,7 @@ func TestLaterControllerManager(t *testing.T) {
 		}
 	})
 	t.Run("failed at once", func(t *testing.T) {
-		l, err := buildControllerManager(t.Context(), fakeRoot(t, "exit 3"), t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.stop()
+		l := building(t, t.Context(), "exit 3", t.TempDir())
 		<-l.exited
 		cp := &fakeControlPlane{}
 		if _, err := l.start(cp); err == nil || cp.started() != 0 {
@@ -87,11 +91,7 @@ func TestLaterControllerManager(t *testing.T) {
 		}
 	})
 	t.Run("built while the rest starts", func(t *testing.T) {
-		l, err := buildControllerManager(t.Context(), fakeRoot(t, "sleep 1"), t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.stop()
+		l := building(t, t.Context(), "sleep 1", t.TempDir())
 		cp := &fakeControlPlane{}
 		if started, err := l.start(cp); started || err != nil {
 			t.Fatalf("start = %v, %v; want it left to the build's end", started, err)
@@ -99,10 +99,7 @@ func TestLaterControllerManager(t *testing.T) {
 		within(t, "kube-controller-manager started once built", func() bool { return cp.started() == 1 })
 	})
 	t.Run("failed while the rest starts", func(t *testing.T) {
-		l, err := buildControllerManager(t.Context(), fakeRoot(t, "sleep 1; exit 3"), t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := building(t, t.Context(), "sleep 1; exit 3", t.TempDir())
 		cp := &fakeControlPlane{}
 		if started, err := l.start(cp); started || err != nil {
 			t.Fatalf("start = %v, %v; want it left to the build's end", started, err)
@@ -122,11 +119,7 @@ func TestLaterControllerManager(t *testing.T) {
 			pidFile := filepath.Join(state, "child.pid")
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			l, err := buildControllerManager(ctx, fakeRoot(t, "sleep 60 & echo $! > "+pidFile+"; wait"), state)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.stop()
+			l := building(t, ctx, "sleep 60 & echo $! > "+pidFile+"; wait", state)
 			cp := &fakeControlPlane{}
 			if started, err := l.start(cp); started || err != nil {
 				t.Fatalf("start = %v, %v; want it left to the build's end", started, err)

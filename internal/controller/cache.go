@@ -227,13 +227,15 @@ func (c *cachedStudent) resourceVersionValue() string {
 	return strconv.FormatUint(c.resourceVersion, 10)
 }
 
-// rareField is c.rare, or the zero fields when c has none.
+// rareField is c.rare, or the zero fields (shared, not to be changed) when c has none.
 func (c *cachedStudent) rareField() *rareFields {
 	if c.rare == nil {
-		return &rareFields{}
+		return &noRareFields
 	}
 	return c.rare
 }
+
+var noRareFields rareFields
 
 // deleting says whether the Student has a deletion timestamp.
 func (c *cachedStudent) deleting() bool { return c.rareField().deletionTimestamp != nil }
