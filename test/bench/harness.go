@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -52,6 +53,9 @@ type harness struct {
 	restartAPIServer func(ctx context.Context, extra ...string) error
 	apiServerFlags   []string
 	apiServerCPU     func() float64
+	// profiles, when set, is the folder for CPU profiles of kube-apiserver taken in the
+	// middle of each contender's converge (-profiles).
+	profiles string
 }
 
 // point is the number of Ready Students at a time since the loader started.
@@ -157,6 +161,12 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	apiServerCPU := h.apiServerCPU()
 	start := time.Now()
 	timeline := obs.record(start)
+	profiled := make(chan error, 1)
+	if h.profiles != "" {
+		go func() { profiled <- h.profileAPIServer(ctx, c.name) }()
+	} else {
+		profiled <- nil
+	}
 	if err := h.load(ctx, ns.Name, c.createdWithFinalizer); err != nil {
 		return nil, err
 	}
@@ -182,6 +192,9 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	}
 	r.Timeline = timeline()
 	r.APIServerCPUSeconds = h.apiServerCPU() - apiServerCPU
+	if err := <-profiled; err != nil {
+		return nil, fmt.Errorf("profile kube-apiserver: %w", err)
+	}
 	if c.registry {
 		if r.RegistryBytes, err = reg.size(); err != nil {
 			return nil, err
@@ -259,6 +272,35 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	r.DeleteLeft = int(obs.count.Load())
 	p.stop()
 	return r, nil
+}
+
+// profileAPIServer takes CPU profiles of kube-apiserver from a little after the
+// loader starts, into h.profiles: n<N>-<contender>-kube-apiserver-cpu-<i>.pprof, one
+// per stretch of at most 50 s (a longer request would meet kube-apiserver's request
+// timeout of 60 s). `go tool pprof` reads them together. The window is set from N at
+// the floor's pace (about 4 to 5 ms per Student on the development machine), so that
+// it falls inside every contender's converge.
+func (h *harness) profileAPIServer(ctx context.Context, contender string) error {
+	delay := min(max(time.Duration(h.n)*500*time.Microsecond, 5*time.Second), time.Minute)
+	window := min(max(time.Duration(h.n)*1500*time.Microsecond, 10*time.Second), 150*time.Second)
+	pieces := int((window + 50*time.Second - 1) / (50 * time.Second))
+	if err := sleep(ctx, delay); err != nil {
+		return err
+	}
+	for i := range pieces {
+		seconds := int((window / time.Duration(pieces)).Seconds())
+		b, err := h.kube.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+			Param("seconds", strconv.Itoa(seconds)).DoRaw(ctx)
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("n%d-%s-kube-apiserver-cpu-%d.pprof", h.n, contender, i+1)
+		if err := os.WriteFile(filepath.Join(h.profiles, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	say("  %s: %d CPU profiles of kube-apiserver (%v in all, from %v after the loader started) in %s", contender, pieces, window.Round(time.Second), delay, h.profiles)
+	return nil
 }
 
 // load creates N Students from 32 goroutines, with the controller's finalizer already

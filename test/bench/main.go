@@ -44,6 +44,7 @@ func main() {
 	pick := flag.String("contenders", "", "comma-separated contenders to run; default all, or at N above 30000 the scale run's: "+strings.Join(scaleRun, ", "))
 	only := flag.String("only", "", "run only this contender, or \"sweep\" for the sweep timings, for investigation (results are not written)")
 	flags := flag.String("flags", "", "with -only: more flags for the contender, e.g. --pprof-bind-address=127.0.0.1:6060")
+	profiles := flag.Bool("profiles", false, "take CPU profiles of kube-apiserver in the middle of each contender's converge, into the results folder's profiles/")
 	hold := flag.Duration("hold", 0, "with -only: keep the contender running this long after measuring its steady memory, to inspect it")
 	flag.Parse()
 	if (*flags != "" || *hold != 0) && *only == "" {
@@ -61,6 +62,9 @@ func main() {
 		*phase = max(30*time.Second, time.Duration(*n)*36*time.Millisecond)
 	}
 	inv := investigation{only: *only, flags: strings.Fields(*flags), hold: *hold}
+	if *profiles {
+		inv.profiles = filepath.Join(*out, "profiles")
+	}
 	var picked []string
 	switch {
 	case *pick != "":
@@ -74,11 +78,13 @@ func main() {
 	}
 }
 
-// investigation narrows a run to one contender, changed as it says.
+// investigation narrows a run to one contender, changed as it says, or has it profiled.
 type investigation struct {
 	only  string
 	flags []string
 	hold  time.Duration
+	// profiles is where kube-apiserver's CPU profiles go (-profiles), or "".
+	profiles string
 }
 
 // scaleRun are the contenders a scale run measures: its targets are set against the
@@ -172,6 +178,11 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 		}
 	}
 
+	if inv.profiles != "" {
+		if err := os.MkdirAll(inv.profiles, 0o755); err != nil {
+			return err
+		}
+	}
 	say("starting the control plane (bin/k8s: etcd, kube-apiserver, kube-controller-manager)")
 	// The admission policy is installed for the contenders that ship with it, and
 	// removed for the others, before each one starts.
@@ -189,7 +200,7 @@ func run(n int, outDir, scratch string, phase time.Duration, picked []string, in
 		n: n, phase: phase, scratch: scratch, kubeconfig: env.Kubeconfig,
 		kube:     kubernetes.NewForConfigOrDie(cfg),
 		students: versioned.NewForConfigOrDie(cfg),
-		flags:    inv.flags, hold: inv.hold, pg: pg,
+		flags:    inv.flags, hold: inv.hold, pg: pg, profiles: inv.profiles,
 		restartAPIServer: env.RestartAPIServer,
 		apiServerCPU:     func() float64 { return env.APIServer.Usage().CPUSeconds },
 		policy: func(ctx context.Context, installed bool) error {

@@ -284,24 +284,28 @@ func scaleTargets(rep report, from *report) string {
 	added := float64(rep.N - from.N)
 	ours, theirs := sc.SteadyRSSMiB-sc0.SteadyRSSMiB, peer.SteadyRSSMiB-peer0.SteadyRSSMiB
 	perStudent := ours * 1024 / added
-	row("steady memory grows at most 1 KiB per added Student", fmt.Sprintf("%.2f KiB (%.1f → %.1f MiB)", perStudent, sc0.SteadyRSSMiB, sc.SteadyRSSMiB), perStudent <= 1)
+	row(fmt.Sprintf("steady memory grows at most %.1f KiB per added Student", growthKiBPerStudent), fmt.Sprintf("%.2f KiB (%.1f → %.1f MiB)", perStudent, sc0.SteadyRSSMiB, sc.SteadyRSSMiB), perStudent <= growthKiBPerStudent)
 	share := "the peer did not grow"
 	if theirs > 0 {
 		share = fmt.Sprintf("%.0f%% (%.1f MiB against the peer's %.1f MiB, %.1f → %.1f)", ours/theirs*100, ours, theirs, peer0.SteadyRSSMiB, peer.SteadyRSSMiB)
 	}
-	row("steady memory grows at most 20% of the peer's growth", share, theirs > 0 && ours <= 0.2*theirs)
+	row(fmt.Sprintf("steady memory grows at most %.0f%% of the peer's growth", growthShareOfPeer*100), share, theirs > 0 && ours <= growthShareOfPeer*theirs)
 	growth := func(a, b float64) float64 {
 		if b <= 0 {
 			return 0
 		}
 		return a / b
 	}
-	linear := func(what string, ours, floors float64) {
-		row(fmt.Sprintf("%s grows no faster than the status-only floor's", what), fmt.Sprintf("%.1f× against %.1f×", ours, floors), ours > 0 && ours <= floors)
+	linear := func(what string, ours, floors, slack float64) {
+		target := fmt.Sprintf("%s grows no more than the status-only floor's", what)
+		if slack > 1 {
+			target += fmt.Sprintf(" + %.0f%%", (slack-1)*100)
+		}
+		row(target, fmt.Sprintf("%.2f× against %.2f×", ours, floors), ours > 0 && ours <= floors*slack)
 	}
-	linear("converge time", growth(sc.ProjectedSeconds, sc0.ProjectedSeconds), growth(floor.ProjectedSeconds, floor0.ProjectedSeconds))
-	linear("CPU to converge", growth(sc.ConvergeCPUSeconds, sc0.ConvergeCPUSeconds), growth(floor.ConvergeCPUSeconds, floor0.ConvergeCPUSeconds))
-	linear("delete-all time", growth(sc.DeleteSeconds, sc0.DeleteSeconds), growth(floor.DeleteSeconds, floor0.DeleteSeconds))
+	linear("converge time", growth(sc.ProjectedSeconds, sc0.ProjectedSeconds), growth(floor.ProjectedSeconds, floor0.ProjectedSeconds), growthSlack)
+	linear("CPU to converge", growth(sc.ConvergeCPUSeconds, sc0.ConvergeCPUSeconds), growth(floor.ConvergeCPUSeconds, floor0.ConvergeCPUSeconds), 1)
+	linear("delete-all time", growth(sc.DeleteSeconds, sc0.DeleteSeconds), growth(floor.DeleteSeconds, floor0.DeleteSeconds), growthSlack)
 	restart := growth(sc.RestartSeconds, sc0.RestartSeconds)
 	row(fmt.Sprintf("restart time grows no faster than the Students (%.0f×; the floors do not restart)", float64(rep.N)/float64(from.N)),
 		fmt.Sprintf("%.1f× (%.1f → %.1f s)", restart, sc0.RestartSeconds, sc.RestartSeconds), restart > 0 && restart <= float64(rep.N)/float64(from.N))
@@ -311,19 +315,19 @@ func scaleTargets(rep report, from *report) string {
 	}
 	convergeGrowth, deleteGrowth := growth(sc.ProjectedSeconds, sc0.ProjectedSeconds), growth(sc.DeleteSeconds, sc0.DeleteSeconds)
 	floorConverge, floorDelete := growth(floor.ProjectedSeconds, floor0.ProjectedSeconds), growth(floor.DeleteSeconds, floor0.DeleteSeconds)
-	if convergeGrowth > floorConverge || deleteGrowth > floorDelete {
-		fmt.Fprintf(&b, "\nMissed: growing no faster than the floor. Against the status-only floor of the same run, "+
+	if convergeGrowth > floorConverge*growthSlack || deleteGrowth > floorDelete*growthSlack {
+		fmt.Fprintf(&b, "\nMissed: growing no more than the floor + %.0f%%. Against the status-only floor of the same run, "+
 			"student-controller's converge time was %.2f× at N = %d and %.2f× here, its delete-all time %.2f× and %.2f×. "+
 			"At N = %d a second or two either way moves the ratio by several hundredths.\n",
-			sc0.ProjectedSeconds/floor0.ProjectedSeconds, from.N, sc.ProjectedSeconds/floor.ProjectedSeconds, sc0.DeleteSeconds/floor0.DeleteSeconds, sc.DeleteSeconds/floor.DeleteSeconds, from.N)
+			(growthSlack-1)*100, sc0.ProjectedSeconds/floor0.ProjectedSeconds, from.N, sc.ProjectedSeconds/floor.ProjectedSeconds, sc0.DeleteSeconds/floor0.DeleteSeconds, sc.DeleteSeconds/floor.DeleteSeconds, from.N)
 	}
-	if perStudent > 1 || (theirs > 0 && ours > 0.2*theirs) {
+	if perStudent > growthKiBPerStudent || (theirs > 0 && ours > growthShareOfPeer*theirs) {
 		b.WriteString("\nMissed: memory that scales.")
-		if perStudent > 1 {
-			fmt.Fprintf(&b, " Steady memory grows %.2f KiB per added Student, %.2f KiB over the target.", perStudent, perStudent-1)
+		if perStudent > growthKiBPerStudent {
+			fmt.Fprintf(&b, " Steady memory grows %.2f KiB per added Student, %.2f KiB over the target.", perStudent, perStudent-growthKiBPerStudent)
 		}
-		if theirs > 0 && ours > 0.2*theirs {
-			fmt.Fprintf(&b, " Its growth is %.0f%% of the peer's, %.0f points over the target.", ours/theirs*100, ours/theirs*100-20)
+		if theirs > 0 && ours > growthShareOfPeer*theirs {
+			fmt.Fprintf(&b, " Its growth is %.0f%% of the peer's, %.0f points over the target.", ours/theirs*100, (ours/theirs-growthShareOfPeer)*100)
 		}
 		b.WriteString("\n")
 	}
@@ -347,6 +351,15 @@ func scaleTargets(rep report, from *report) string {
 	b.WriteString(eventsNote)
 	return b.String()
 }
+
+// The scale run's growth targets (issue 23): steady memory per added Student and as a
+// share of the peer's growth, and how much more than the status-only floor's the
+// converge and delete-all times may grow (a factor on the floor's growth).
+const (
+	growthKiBPerStudent = 0.7
+	growthShareOfPeer   = 0.15
+	growthSlack         = 1.05
+)
 
 // targetN is the number of Students the targets are set for.
 const targetN = 10000
