@@ -102,6 +102,11 @@ func scanReturned(row *sql.Row, e *entry) (bool, error) {
 // fence since. fn runs its statements through in, which puts them in the
 // transaction, and returns the history rows of what it changed.
 func (r *Registry) write(ctx context.Context, at time.Time, fn func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error)) error {
+	done, err := r.turn(ctx)
+	if err != nil {
+		return err
+	}
+	defer done() // after the rollback below: deferred calls run last first
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -135,6 +140,23 @@ func (r *Registry) write(ctx context.Context, at time.Time, fn func(in func(*sql
 		}
 	}
 	return tx.Commit()
+}
+
+// turn waits for this process's turn at SQLite's write lock (Registry.writer) and
+// returns what ends it, to be called once the transaction has ended; on PostgreSQL
+// and read-only it waits for nothing. Writes of this process that run alongside the
+// workers' (the history's prune, the fence) take it too: SQLite's busy handler would
+// seldom find the lock free between two turns.
+func (r *Registry) turn(ctx context.Context) (func(), error) {
+	if r.writer == nil {
+		return func() {}, nil
+	}
+	select {
+	case r.writer <- struct{}{}:
+		return func() { <-r.writer }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for this process's turn to write: %w", ctx.Err())
+	}
 }
 
 // History returns the history of the Student namespace/name, oldest first: every
@@ -174,8 +196,13 @@ const pruneBatch = 1000
 func (r *Registry) PruneHistory(ctx context.Context, before time.Time) (int64, error) {
 	var total int64
 	for {
+		done, err := r.turn(ctx)
+		if err != nil {
+			return total, fmt.Errorf("prune the history before %s: %w", before.UTC().Format(time.RFC3339), err)
+		}
 		n, err := affected(r.db.ExecContext(ctx, `DELETE FROM student_history WHERE id IN
 			(SELECT id FROM student_history WHERE at < $1 ORDER BY at LIMIT $2)`, before.UTC(), pruneBatch))
+		done()
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("prune the history before %s: %w", before.UTC().Format(time.RFC3339), err)

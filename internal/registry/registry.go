@@ -129,6 +129,13 @@ type Registry struct {
 	// while it holds none and writes unfenced.
 	fence      atomic.Int64
 	fenceOwner atomic.Pointer[string]
+	// writer is this process's one turn at SQLite's write lock, taken (turn) before a
+	// write's transaction begins (nil on PostgreSQL, whose row locks let writers of
+	// different rows go together, and when read-only). SQLite has one writer at a time
+	// whatever this does; without it the controller's workers wait for one another
+	// inside SQLite's busy handler, which polls with growing sleeps (1 ms up to 100 ms)
+	// and leaves the lock idle between a commit and the next waiter's wake-up.
+	writer chan struct{}
 }
 
 const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy`
@@ -205,6 +212,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	db.SetMaxIdleConns(cmp.Or(opts.MaxIdleConns, 5))
 	db.SetConnMaxLifetime(cmp.Or(opts.ConnMaxLifetime, 30*time.Minute))
 	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now, actor: opts.Actor}
+	if src.dialect == sqlite && !opts.ReadOnly {
+		r.writer = make(chan struct{}, 1)
+	}
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -628,6 +638,11 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 		return 0, err
 	}
 	token := int64(binary.BigEndian.Uint64(b[:])>>1) | 1 // positive: 0 means none
+	done, err := r.turn(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
+	}
+	defer done()
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)

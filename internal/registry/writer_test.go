@@ -1,0 +1,100 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite"
+)
+
+// TestWritesTakeTurns: a SQLite registry's writes from many goroutines at once take
+// turns in the process (Registry.writer) and all land, each with its history row; a
+// write waiting for its turn gives up with its context and writes nothing.
+func TestWritesTakeTurns(t *testing.T) {
+	ctx := context.Background()
+	r, err := Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.writer == nil {
+		t.Fatal("a writable SQLite registry has no turn to take")
+	}
+	record := func(i int) Record {
+		return Record{UID: fmt.Sprintf("uid-%d", i), Namespace: "default", Name: fmt.Sprintf("s-%d", i),
+			StudentName: "张三", School: "深圳中学", Owner: "test", Generation: 1, DeletionPolicy: PolicyDelete}
+	}
+
+	const writers, each = 16, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*each)
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				if _, err := r.Upsert(ctx, record(w*each+i), Why{Cause: "test"}); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("a concurrent write failed: %v", err)
+	}
+	rows, malformed, err := r.List(ctx, "test")
+	if err != nil || len(rows) != writers*each || len(malformed) != 0 {
+		t.Fatalf("List: %d rows, %d malformed, %v; want %d rows", len(rows), len(malformed), err, writers*each)
+	}
+	if writeHistory {
+		var history int
+		if err := r.db.QueryRowContext(ctx, `SELECT count(*) FROM student_history`).Scan(&history); err != nil || history != writers*each {
+			t.Fatalf("%d history rows (%v), want %d", history, err, writers*each)
+		}
+	}
+
+	// Another write of this process holds the turn: a write that may wait 200 ms gives
+	// up with its context's error, and its row is not there.
+	r.writer <- struct{}{}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	started := time.Now()
+	_, err = r.Upsert(short, record(-1), Why{Cause: "test"})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Upsert while the turn is held: %v, want context.DeadlineExceeded", err)
+	}
+	if waited := time.Since(started); waited > 2*time.Second {
+		t.Errorf("Upsert gave up after %v, its context allowed 200 ms", waited)
+	}
+	<-r.writer
+	if _, err := r.Get(ctx, record(-1).UID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of the write that gave up: %v, want ErrNotFound", err)
+	}
+	if _, err := r.Upsert(ctx, record(-1), Why{Cause: "test"}); err != nil {
+		t.Fatalf("Upsert once the turn is free: %v", err)
+	}
+}
+
+// TestReadOnlyTakesNoTurn: a read-only registry never writes, and takes no turn.
+func TestReadOnlyTakesNoTurn(t *testing.T) {
+	ctx := context.Background()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "registry.db")
+	w, err := Open(ctx, url, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	r, err := Open(ctx, url, Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.writer != nil {
+		t.Error("a read-only registry has a turn to take")
+	}
+}
