@@ -81,8 +81,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 			"or the REGISTRY_PASSWORD environment variable rather than in the URL, which shows in the process list.")
 	fs.StringVar(&o.passwordFile, "registry-password-file", "",
 		"File holding the registry's password (a mounted Secret); overrides REGISTRY_PASSWORD and a password in the URL.")
-	fs.IntVar(&o.maxOpenConns, "registry-max-open-conns", 10, "Most connections open to the registry at once.")
-	fs.IntVar(&o.maxIdleConns, "registry-max-idle-conns", 5, "Most idle connections kept to the registry.")
+	fs.IntVar(&o.maxOpenConns, "registry-max-open-conns", 0, "Most connections open to the registry at once; 0 for the database's default: 4 on SQLite, 10 on PostgreSQL.")
+	fs.IntVar(&o.maxIdleConns, "registry-max-idle-conns", 0, "Most idle connections kept to the registry; 0 for the database's default: 4 on SQLite, 5 on PostgreSQL.")
 	fs.DurationVar(&o.connMaxLifetime, "registry-conn-max-lifetime", 30*time.Minute,
 		"Connections to the registry are replaced after this long, so a fail-over or a new server is picked up.")
 	fs.StringVar(&o.owner, "registry-owner", "student-controller",
@@ -213,8 +213,8 @@ func (o *options) validate() error {
 		errs = append(errs, errors.New("--leader-elect with a SQLite registry: replicas with a file each would split the registry. "+
 			"Run one replica without --leader-elect, use PostgreSQL, or say --sqlite-shared-file if every replica opens the same file"))
 	}
-	if o.maxOpenConns < 1 || o.maxIdleConns < 0 || o.connMaxLifetime <= 0 {
-		errs = append(errs, errors.New("--registry-max-open-conns must be at least 1, --registry-max-idle-conns not negative, --registry-conn-max-lifetime positive"))
+	if o.maxOpenConns < 0 || o.maxIdleConns < 0 || o.connMaxLifetime <= 0 {
+		errs = append(errs, errors.New("--registry-max-open-conns and --registry-max-idle-conns must not be negative (0 takes the database's default), --registry-conn-max-lifetime must be positive"))
 	}
 	if o.rateLimiter != "external-io" && o.rateLimiter != "client-go" {
 		errs = append(errs, fmt.Errorf("--workqueue-rate-limiter must be external-io or client-go, got %q", o.rateLimiter))

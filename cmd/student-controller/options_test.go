@@ -24,6 +24,8 @@ func TestValidate(t *testing.T) {
 		"lease flags without election":      {args: []string{"--leader-elect-id=x"}, want: "--leader-elect-id without --leader-elect"},
 		"sweep percent out of range":        {args: []string{"--sweep-max-deletion-percent=0"}, want: "--sweep-max-deletion-percent must be within 1 and 100"},
 		"workers":                           {args: []string{"--workers=0"}, want: "--workers must be at least 1"},
+		"a pool the database sizes":         {args: []string{"--registry-max-open-conns=0", "--registry-max-idle-conns=0"}},
+		"a pool that cannot be":             {args: []string{"--registry-max-open-conns=-1"}, want: "--registry-max-open-conns and --registry-max-idle-conns must not be negative"},
 		"several namespaces, a selector":    {args: []string{"--namespace=a,b", "--selector=team in (x,y)"}},
 		"a namespace that cannot be":        {args: []string{"--namespace=a,B"}, want: `--namespace or --selector: namespace "B"`},
 		"tracing":                           {args: []string{"--tracing-endpoint=localhost:4317", "--tracing-sampling-rate-per-million=100"}},

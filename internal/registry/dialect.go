@@ -22,6 +22,8 @@ type dialect struct {
 	// tableExists is a query, with $1 for a table's name, whose one row says whether
 	// the table exists.
 	tableExists string
+	// maxOpenConns and maxIdleConns size the pool when Options leave it to the registry.
+	maxOpenConns, maxIdleConns int
 }
 
 var sqlite = &dialect{
@@ -33,6 +35,14 @@ var sqlite = &dialect{
 	notNewer:    "(typeof(%[1]s) <> 'integer' OR %[1]s <= %[2]s)",
 	tableExists: "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = $1",
 	// SQLite takes the file's write lock at BEGIN (the DSN's _txlock=immediate).
+	//
+	// Four connections, all kept: one writes at a time (the writes take turns), the
+	// others read. Each holds a page cache of up to 2 MiB that fills as the file grows,
+	// in memory outside Go's heap, so every connection beyond what the workers use costs
+	// memory at scale; one closed when idle costs its cache and prepared statements again
+	// when it is opened next.
+	maxOpenConns: 4,
+	maxIdleConns: 4,
 }
 
 var postgres = &dialect{
@@ -46,4 +56,6 @@ var postgres = &dialect{
 	// A transaction-scoped advisory lock (the key spells "stud"): replicas that start
 	// at once migrate one after the other, and the later finds nothing left to do.
 	lockMigrations: "SELECT pg_advisory_xact_lock(1937011044)",
+	maxOpenConns:   10,
+	maxIdleConns:   5,
 }

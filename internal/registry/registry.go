@@ -87,8 +87,8 @@ type Options struct {
 	// environment variable, so that it never shows in a command line. It is called
 	// for every new connection, so a rotated password is picked up without a restart.
 	Password func() (string, error)
-	// MaxOpenConns and MaxIdleConns size the connection pool; 0 takes the defaults
-	// (10 and 5). ConnMaxLifetime recycles connections (default 30 minutes), so that
+	// MaxOpenConns and MaxIdleConns size the connection pool; 0 takes the database's
+	// defaults: 4 and 4 on SQLite, 10 and 5 on PostgreSQL. ConnMaxLifetime recycles connections (default 30 minutes), so that
 	// a fail-over or a load balancer's change is picked up.
 	MaxOpenConns    int
 	MaxIdleConns    int
@@ -208,8 +208,8 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open registry %s: %w", src.display, err)
 	}
-	db.SetMaxOpenConns(cmp.Or(opts.MaxOpenConns, 10))
-	db.SetMaxIdleConns(cmp.Or(opts.MaxIdleConns, 5))
+	db.SetMaxOpenConns(cmp.Or(opts.MaxOpenConns, src.dialect.maxOpenConns))
+	db.SetMaxIdleConns(cmp.Or(opts.MaxIdleConns, src.dialect.maxIdleConns))
 	db.SetConnMaxLifetime(cmp.Or(opts.ConnMaxLifetime, 30*time.Minute))
 	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now, actor: opts.Actor}
 	if src.dialect == sqlite && !opts.ReadOnly {

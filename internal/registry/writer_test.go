@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -96,5 +97,48 @@ func TestReadOnlyTakesNoTurn(t *testing.T) {
 	defer r.Close()
 	if r.writer != nil {
 		t.Error("a read-only registry has a turn to take")
+	}
+}
+
+// TestSQLitePool: a SQLite registry keeps at most four connections, all of them when
+// idle, unless told otherwise; each connection's page cache lives outside Go's heap
+// and grows with the file.
+func TestSQLitePool(t *testing.T) {
+	ctx := context.Background()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "registry.db")
+	for _, tc := range []struct {
+		opts Options
+		want int
+	}{
+		{Options{}, 4},
+		{Options{MaxOpenConns: 2}, 2},
+		{Options{ReadOnly: true}, 4},
+	} {
+		r, err := Open(ctx, url, tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Hold more connections than the pool may open: the last waits for one back.
+		var conns []*sql.Conn
+		for range tc.want {
+			c, err := r.db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		if c, err := r.db.Conn(short); err == nil {
+			_ = c.Close()
+			t.Errorf("%+v: a connection beyond %d opened", tc.opts, tc.want)
+		}
+		cancel()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		if idle := r.db.Stats().Idle; idle != tc.want && tc.opts.MaxOpenConns == 0 {
+			t.Errorf("%+v: %d connections kept idle, want all %d", tc.opts, idle, tc.want)
+		}
+		_ = r.Close()
 	}
 }
