@@ -424,7 +424,7 @@ func (r *Registry) Get(ctx context.Context, uid string) (Record, error) {
 // List returns the rows that owner owns, by namespace and name, and apart from them
 // the owned rows it cannot read: one such row does not keep the caller from the rest.
 func (r *Registry) List(ctx context.Context, owner string) ([]Record, []MalformedRow, error) {
-	rows, err := r.db.QueryContext(ctx, `SELECT `+columns+` FROM students WHERE owner = $1 ORDER BY namespace, name, uid`, owner)
+	rows, err := r.db.QueryContext(ctx, r.dialect.listOwned, owner)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list rows of %q: %w", owner, err)
 	}

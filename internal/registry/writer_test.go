@@ -142,3 +142,40 @@ func TestSQLitePool(t *testing.T) {
 		_ = r.Close()
 	}
 }
+
+// TestListSortsNoTable: SQLite reads List's rows in order from an index rather than
+// sorting them all in a temporary B-tree, whose memory (4 MB for 100000 rows) lives
+// outside Go's heap and stays with the process.
+func TestListSortsNoTable(t *testing.T) {
+	ctx := context.Background()
+	r, err := Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rows, err := r.db.QueryContext(ctx, `EXPLAIN QUERY PLAN `+sqlite.listOwned, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range plan {
+		if step == "USE TEMP B-TREE FOR ORDER BY" {
+			t.Errorf("List sorts every row: plan %q", plan)
+		}
+	}
+	if len(plan) == 0 || plan[0] != "SCAN students USING INDEX students_namespace_name" {
+		t.Errorf("List's plan %q, want the rows read in order from students_namespace_name", plan)
+	}
+}
