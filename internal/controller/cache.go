@@ -42,7 +42,10 @@ type cachedStudent struct {
 	resourceVersion uint64
 	generation      int64
 
-	spec               studentv1.StudentSpec
+	// studentName and school are spec.name and spec.school (interned); spec.deletionPolicy
+	// is in flags (cachedDelete, cachedOrphan) or rare.deletionPolicy (spec).
+	studentName        string
+	school             string
 	observedGeneration int64
 	conditions         unique.Handle[conditionSet]  // zero: none, or rare.conditions
 	registry           unique.Handle[registryFacts] // zero: status.registry unset
@@ -58,10 +61,15 @@ const (
 	// ownFinalizerOnly: the finalizers are the controller's alone (rare.finalizers
 	// holds any others).
 	cachedOwnFinalizerOnly
+	// cachedDelete, cachedOrphan: spec.deletionPolicy is Delete, Orphan. Neither: it is
+	// empty or rare.deletionPolicy.
+	cachedDelete
+	cachedOrphan
 )
 
 // rareFields are the fields that few Students have.
 type rareFields struct {
+	deletionPolicy         studentv1.DeletionPolicy // neither Delete, Orphan nor empty
 	uid                    types.UID
 	resourceVersion        string
 	deletionTimestamp      *metav1.Time
@@ -100,17 +108,23 @@ func compact(obj any) (any, error) {
 // compactStudent is what the cache keeps of s.
 func compactStudent(s *studentv1.Student) *cachedStudent {
 	c := &cachedStudent{
-		key:        cache.MetaObjectToName(s).String(), // as cache.MetaNamespaceKeyFunc makes it
-		nsLen:      int32(len(s.Namespace)),            // #nosec G115 -- a namespace is at most 63 bytes
-		generation: s.Generation,
-		spec: studentv1.StudentSpec{
-			Name:           s.Spec.Name,
-			School:         intern(s.Spec.School),
-			DeletionPolicy: intern(s.Spec.DeletionPolicy),
-		},
+		key:                cache.MetaObjectToName(s).String(), // as cache.MetaNamespaceKeyFunc makes it
+		nsLen:              int32(len(s.Namespace)),            // #nosec G115 -- a namespace is at most 63 bytes
+		generation:         s.Generation,
+		studentName:        s.Spec.Name,
+		school:             intern(s.Spec.School),
 		observedGeneration: s.Status.ObservedGeneration,
 	}
 	var rare rareFields
+	switch p := s.Spec.DeletionPolicy; p {
+	case "":
+	case studentv1.DeletionPolicyDelete:
+		c.flags |= cachedDelete
+	case studentv1.DeletionPolicyOrphan:
+		c.flags |= cachedOrphan
+	default:
+		rare.deletionPolicy = p
+	}
 	if u, err := uuid.Parse(string(s.UID)); err == nil && u != uuid.Nil && u.String() == string(s.UID) {
 		c.uid = u
 	} else {
@@ -152,7 +166,7 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 		}
 		c.registry = unique.Make(facts)
 	}
-	if rare.uid != "" || rare.resourceVersion != "" || rare.deletionTimestamp != nil || rare.finalizers != nil ||
+	if rare.deletionPolicy != "" || rare.uid != "" || rare.resourceVersion != "" || rare.deletionTimestamp != nil || rare.finalizers != nil ||
 		rare.reconcileRequestedAt != "" || rare.lastHandledReconcileAt != "" || rare.conditions != nil {
 		c.rare = &rare
 	}
@@ -170,7 +184,7 @@ func (c *cachedStudent) student() *studentv1.Student {
 			ResourceVersion: c.resourceVersionValue(),
 			Generation:      c.generation,
 		},
-		Spec:   c.spec,
+		Spec:   c.spec(),
 		Status: studentv1.StudentStatus{ObservedGeneration: c.observedGeneration},
 	}
 	s.Finalizers = slices.Clone(c.finalizers())
@@ -242,7 +256,21 @@ func (c *cachedStudent) deleting() bool { return c.rareField().deletionTimestamp
 
 // record is the registry row that the Student should have, written by owner.
 func (c *cachedStudent) record(owner string) registry.Record {
-	return newRecord(owner, c.uidValue(), c.namespace(), c.name(), c.generation, c.spec)
+	return newRecord(owner, c.uidValue(), c.namespace(), c.name(), c.generation, c.spec())
+}
+
+// spec is the Student's spec.
+func (c *cachedStudent) spec() studentv1.StudentSpec {
+	spec := studentv1.StudentSpec{Name: c.studentName, School: c.school}
+	switch {
+	case c.flags&cachedDelete != 0:
+		spec.DeletionPolicy = studentv1.DeletionPolicyDelete
+	case c.flags&cachedOrphan != 0:
+		spec.DeletionPolicy = studentv1.DeletionPolicyOrphan
+	default:
+		spec.DeletionPolicy = c.rareField().deletionPolicy
+	}
+	return spec
 }
 
 // finalizers are the Student's finalizers, not to be changed.

@@ -104,6 +104,9 @@ func TestCompact(t *testing.T) {
 		"registry written":       {func(s *studentv1.Student) { s.Status.Registry.LastWrittenTime = at(1700000000) }},
 		"an empty registry":      {func(s *studentv1.Student) { s.Status.Registry = &studentv1.RegistryStatus{} }},
 		"an orphan policy":       {orphan},
+		"a delete policy":        {func(s *studentv1.Student) { s.Spec.DeletionPolicy = studentv1.DeletionPolicyDelete }},
+		"no policy":              {func(s *studentv1.Student) { s.Spec.DeletionPolicy = "" }},
+		"a policy of no kind":    {func(s *studentv1.Student) { s.Spec.DeletionPolicy = "Sometimes" }},
 		"no namespace":           {func(s *studentv1.Student) { s.Namespace = "" }},
 	}
 	for name, opts := range tests {
@@ -152,7 +155,7 @@ func TestCompactShares(t *testing.T) {
 		s.Status.Conditions[0].LastTransitionTime = at
 	}
 	a, b := compactStudent(decoded(t, "a", written)), compactStudent(decoded(t, "b", written))
-	if unsafe.StringData(a.spec.School) != unsafe.StringData(b.spec.School) {
+	if unsafe.StringData(a.school) != unsafe.StringData(b.school) {
 		t.Error("two copies of the school; want one shared")
 	}
 	if a.conditions != b.conditions || a.registry != b.registry {
