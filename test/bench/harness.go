@@ -33,12 +33,14 @@ import (
 )
 
 type harness struct {
-	n          int
-	phase      time.Duration
-	scratch    string
-	kubeconfig string
-	kube       kubernetes.Interface
-	students   versioned.Interface
+	n     int
+	phase time.Duration
+	// deletePhase bounds the delete phase: phase, or shorter (-delete-timeout).
+	deletePhase time.Duration
+	scratch     string
+	kubeconfig  string
+	kube        kubernetes.Interface
+	students    versioned.Interface
 	// policy installs (true) or removes config/admission's policy.
 	policy func(ctx context.Context, installed bool) error
 	// flags are added to the contender's own, and hold keeps it running after its
@@ -269,7 +271,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if err := h.deleteAll(ctx, ns.Name); err != nil {
 		return nil, err
 	}
-	r.DeleteDone, err = p.WaitUntil(ctx, h.phase, func() bool { return obs.count.Load() == 0 && (!c.registry || reg.rows(ns.Name) == 0) })
+	r.DeleteDone, err = p.WaitUntil(ctx, h.deletePhase, func() bool { return obs.count.Load() == 0 && (!c.registry || reg.rows(ns.Name) == 0) })
 	if err != nil {
 		return nil, fmt.Errorf("delete: %w", err)
 	}

@@ -27,10 +27,12 @@ type report struct {
 	Date    string `json:"date"`
 	Machine string `json:"machine"`
 	// Build is the commit the contenders were built from (git describe --always --dirty).
-	Build        string    `json:"build,omitempty"`
-	N            int       `json:"n"`
-	PhaseTimeout string    `json:"phaseTimeout"`
-	Results      []*result `json:"results"`
+	Build        string `json:"build,omitempty"`
+	N            int    `json:"n"`
+	PhaseTimeout string `json:"phaseTimeout"`
+	// DeleteTimeout bounds the delete phase when it is shorter than PhaseTimeout.
+	DeleteTimeout string    `json:"deleteTimeout,omitempty"`
+	Results       []*result `json:"results"`
 	// Sweeps time one sweep of student-controller over N rows, on each database.
 	Sweeps []sweepResult `json:"sweeps,omitempty"`
 	// Skipped are the contenders left out of a scale run, and why.
@@ -42,7 +44,7 @@ type skipped struct {
 	Why  string `json:"why"`
 }
 
-func writeResults(dir string, n int, phase time.Duration, rev string, results []*result, sweeps []sweepResult, left []skipped) error {
+func writeResults(dir string, n int, phase phases, rev string, results []*result, sweeps []sweepResult, left []skipped) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -58,7 +60,10 @@ func writeResults(dir string, n int, phase time.Duration, rev string, results []
 			r.RatioToStatusFloor = r.ProjectedSeconds / f.ProjectedSeconds
 		}
 	}
-	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Build: rev, N: n, PhaseTimeout: phase.String(), Results: results, Sweeps: sweeps, Skipped: left}
+	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Build: rev, N: n, PhaseTimeout: phase.all.String(), Results: results, Sweeps: sweeps, Skipped: left}
+	if phase.delete < phase.all {
+		rep.DeleteTimeout = phase.delete.String()
+	}
 	return render(dir, rep)
 }
 
@@ -135,7 +140,7 @@ func markdown(rep report, from *report) string {
 	}
 	fmt.Fprintf(&b, "Run %s on %s%s. Each contender in turn: a fresh namespace, an empty registry, the same loader "+
 		"(32 goroutines, no client rate limit) and the same control plane. A phase that runs past %s is cut off; "+
-		"its converge time is then projected from the rate reached (marked *projected*).\n\n", rep.Date, rep.Machine, built, rep.PhaseTimeout)
+		"its converge time is then projected from the rate reached (marked *projected*)%s.\n\n", rep.Date, rep.Machine, built, rep.PhaseTimeout, deleteCut(rep))
 	b.WriteString("| contender | converge (all Ready, rows present) | × floor | × status-only floor | API requests / Student | Student writes / Student | Events / Student | CPU to converge | peak RSS | steady RSS | restart: time, writes | delete all |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Results {
@@ -610,4 +615,13 @@ func sign(v int) int { return map[bool]int{true: 1, false: -1}[v >= 0] }
 func text(img *image.RGBA, x, y int, s string, c color.Color) {
 	d := font.Drawer{Dst: img, Src: image.NewUniform(c), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
 	d.DrawString(s)
+}
+
+// deleteCut is what the report says of a delete phase bounded more tightly than the
+// others (-delete-timeout), or "".
+func deleteCut(rep report) string {
+	if rep.DeleteTimeout == "" {
+		return ""
+	}
+	return "; the delete phase is cut off past " + rep.DeleteTimeout + ", and its time then says how long it ran and how many Students were left"
 }
