@@ -446,6 +446,11 @@ func (r *Registry) List(ctx context.Context, owner string) ([]Record, []Malforme
 	if err := rows.Err(); err != nil {
 		return nil, nil, fmt.Errorf("list rows of %q: %w", owner, err)
 	}
+	if r.dialect.sortList {
+		slices.SortFunc(out, func(a, b Record) int {
+			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), strings.Compare(a.UID, b.UID))
+		})
+	}
 	return out, malformed, nil
 }
 
