@@ -24,11 +24,12 @@ import (
 // both, so what the cache leaves out (labels, other annotations, owner references,
 // managed fields) is never written back.
 //
-// What most Students share is kept once: the school and deletion policy as interned
-// strings, the conditions and the registry facts as unique handles (Students written
-// in the same second share them). What few Students have (a deletion timestamp, other
-// finalizers, a reconcile request, a UID or resourceVersion of another form than the
-// API server's) is behind one pointer, nil for the others.
+// What most Students share is kept once: the school as an interned string, the
+// deletion policy as flag bits, the conditions and the registry facts as unique handles
+// (Students written in the same second share them). What few Students have (a deletion
+// timestamp, other finalizers, a reconcile request, a UID or resourceVersion of another
+// form than the API server's, a deletion policy of no known kind) is behind one
+// pointer, nil for the others.
 type cachedStudent struct {
 	// key is namespace/name, the cache's key and the queue's; the namespace is its
 	// first nsLen bytes.

@@ -72,6 +72,9 @@ func TestCompact(t *testing.T) {
 		s.Labels = map[string]string{"team": "a"}
 		s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "y"}}
 	}
+	policy := func(p studentv1.DeletionPolicy) studentOption {
+		return func(s *studentv1.Student) { s.Spec.DeletionPolicy = p }
+	}
 	tests := map[string][]studentOption{
 		"as the API server makes it":   {fromAPIServer},
 		"a UID of another form":        {func(s *studentv1.Student) { s.UID = "uid-a" }},
@@ -104,9 +107,9 @@ func TestCompact(t *testing.T) {
 		"registry written":       {func(s *studentv1.Student) { s.Status.Registry.LastWrittenTime = at(1700000000) }},
 		"an empty registry":      {func(s *studentv1.Student) { s.Status.Registry = &studentv1.RegistryStatus{} }},
 		"an orphan policy":       {orphan},
-		"a delete policy":        {func(s *studentv1.Student) { s.Spec.DeletionPolicy = studentv1.DeletionPolicyDelete }},
-		"no policy":              {func(s *studentv1.Student) { s.Spec.DeletionPolicy = "" }},
-		"a policy of no kind":    {func(s *studentv1.Student) { s.Spec.DeletionPolicy = "Sometimes" }},
+		"a delete policy":        {fromAPIServer, policy(studentv1.DeletionPolicyDelete)},
+		"no policy":              {fromAPIServer, policy("")},
+		"a policy of no kind":    {fromAPIServer, policy("Sometimes")},
 		"no namespace":           {func(s *studentv1.Student) { s.Namespace = "" }},
 	}
 	for name, opts := range tests {
@@ -140,6 +143,12 @@ func TestCompact(t *testing.T) {
 				t.Errorf("a change to one Student made of the cache's changed the next (-want +got):\n%s", diff)
 			}
 		})
+	}
+	// A known deletion policy costs no rare fields.
+	for _, p := range []studentv1.DeletionPolicy{studentv1.DeletionPolicyDelete, studentv1.DeletionPolicyOrphan, ""} {
+		if c := compactStudent(decoded(t, "a", fromAPIServer, policy(p))); c.rare != nil {
+			t.Errorf("policy %q: rare fields %+v, want none", p, c.rare)
+		}
 	}
 }
 
