@@ -35,12 +35,13 @@ import (
 type harness struct {
 	n     int
 	phase time.Duration
-	// deletePhase bounds the delete phase: phase, or shorter (-delete-timeout).
-	deletePhase time.Duration
-	scratch     string
-	kubeconfig  string
-	kube        kubernetes.Interface
-	students    versioned.Interface
+	// peerDeletePhase bounds the peer's delete phase: phase, or shorter
+	// (-peer-delete-timeout).
+	peerDeletePhase time.Duration
+	scratch         string
+	kubeconfig      string
+	kube            kubernetes.Interface
+	students        versioned.Interface
 	// policy installs (true) or removes config/admission's policy.
 	policy func(ctx context.Context, installed bool) error
 	// flags are added to the contender's own, and hold keeps it running after its
@@ -271,7 +272,11 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	if err := h.deleteAll(ctx, ns.Name); err != nil {
 		return nil, err
 	}
-	r.DeleteDone, err = p.WaitUntil(ctx, h.deletePhase, func() bool { return obs.count.Load() == 0 && (!c.registry || reg.rows(ns.Name) == 0) })
+	deletePhase := h.phase
+	if c.name == peer {
+		deletePhase = h.peerDeletePhase
+	}
+	r.DeleteDone, err = p.WaitUntil(ctx, deletePhase, func() bool { return obs.count.Load() == 0 && (!c.registry || reg.rows(ns.Name) == 0) })
 	if err != nil {
 		return nil, fmt.Errorf("delete: %w", err)
 	}

@@ -40,7 +40,7 @@ func main() {
 	out := flag.String("out", "bench/results", "folder for the results")
 	scratch := flag.String("scratch", "bench/scratch", "folder for binaries, registries and logs (not committed)")
 	phase := flag.Duration("phase-timeout", 0, "longest a phase (converge, restart, delete) may take before it is cut off and projected; default scales with N")
-	deletePhase := flag.Duration("delete-timeout", 0, "longest the delete phase may take, when it should be shorter than -phase-timeout (a scale run's peer deletes slowly; no target reads its delete)")
+	deletePhase := flag.Duration("peer-delete-timeout", 0, "longest the peer's ("+peer+") delete phase may take, when it should be shorter than -phase-timeout: no target reads it, and at N = 100000 it crawls")
 	renderOnly := flag.String("render", "", "only rewrite the Markdown and chart of this results JSON")
 	pick := flag.String("contenders", "", "comma-separated contenders to run; default all, or at N above 30000 the scale run's: "+strings.Join(scaleRun, ", "))
 	only := flag.String("only", "", "run only this contender, or \"sweep\" for the sweep timings, for investigation (results are not written)")
@@ -62,6 +62,10 @@ func main() {
 	if *phase == 0 {
 		*phase = max(30*time.Second, time.Duration(*n)*36*time.Millisecond)
 	}
+	if *deletePhase < 0 {
+		fmt.Fprintln(os.Stderr, "bench: -peer-delete-timeout must not be negative")
+		os.Exit(2)
+	}
 	if *deletePhase == 0 || *deletePhase > *phase {
 		*deletePhase = *phase
 	}
@@ -76,7 +80,7 @@ func main() {
 	case *n > 3*targetN:
 		picked = scaleRun
 	}
-	if err := run(*n, *out, *scratch, phases{all: *phase, delete: *deletePhase}, picked, inv); err != nil {
+	if err := run(*n, *out, *scratch, phases{all: *phase, peerDelete: *deletePhase}, picked, inv); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -94,14 +98,17 @@ type investigation struct {
 // scaleRun are the contenders a scale run measures, in the order it runs them: its
 // targets are set against the status-only floor and the peer. The others' targets are
 // set at N = 10000, and skippedWhy says why each is left out. The peer runs last: a
-// delete that -delete-timeout cuts off leaves its Students in etcd, where they would
-// weigh on the contenders after it.
-var scaleRun = []string{"student-controller", floorStatusOnly, "controller-runtime"}
+// delete that -peer-delete-timeout cuts off leaves its Students in etcd, where they
+// would weigh on the contenders after it.
+var scaleRun = []string{"student-controller", floorStatusOnly, peer}
+
+// peer is the contender that student-controller's memory targets are set against.
+const peer = "controller-runtime"
 
 // phases are how long each phase of a contender may take.
 type phases struct {
-	all    time.Duration // converge and restart, and delete unless said
-	delete time.Duration
+	all        time.Duration // every phase, but the peer's delete when peerDelete is shorter
+	peerDelete time.Duration
 }
 
 var skippedWhy = map[string]string{
@@ -209,7 +216,7 @@ func run(n int, outDir, scratch string, phase phases, picked []string, inv inves
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = -1, 0
 	h := &harness{
-		n: n, phase: phase.all, deletePhase: phase.delete, scratch: scratch, kubeconfig: env.Kubeconfig,
+		n: n, phase: phase.all, peerDeletePhase: phase.peerDelete, scratch: scratch, kubeconfig: env.Kubeconfig,
 		kube:     kubernetes.NewForConfigOrDie(cfg),
 		students: versioned.NewForConfigOrDie(cfg),
 		flags:    inv.flags, hold: inv.hold, pg: pg, profiles: inv.profiles,
