@@ -98,7 +98,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.sqliteShared, "sqlite-shared-file", false,
 		"With --leader-elect and a SQLite registry: say that every replica opens the same file (one shared volume). Without it the "+
 			"combination is refused, since replicas with a file each would split the registry.")
-	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Minute, "How often every Student is synced again even without a change.")
+	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Hour,
+		"How often every Student is synced again even without a change: a backstop for what only a sync repairs, such as a status edited by hand. "+
+			"Rows that drifted are the sweep's (--sweep-interval), which compares them all with one registry read; with the sweep off, make this shorter. 0 never.")
 	fs.DurationVar(&o.syncTimeout, "sync-timeout", 30*time.Second, "Time limit of one sync; also bounds the drain on shutdown.")
 	fs.StringVar(&o.rateLimiter, "workqueue-rate-limiter", "external-io",
 		"Retry spacing: external-io (0.5 s doubling to 5 min, 50/s overall) or client-go (client-go's default: 5 milliseconds doubling to 16 min, 10/s overall; for comparison).")
