@@ -88,7 +88,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.owner, "registry-owner", "student-controller",
 		"Owner mark on the registry rows this controller writes. It never changes or deletes rows with another owner.")
 	fs.DurationVar(&o.sweepInterval, "sweep-interval", 5*time.Minute,
-		"How often to compare the whole registry with the Students, repair drift and delete orphan rows. 0 turns it off.")
+		"How often to compare the whole registry with the Students, repair drift and delete orphan rows. 0 turns it off: "+
+			"then only the resync (--resync-period) finds rows that drifted.")
 	fs.IntVar(&o.sweepMaxDeletions, "sweep-max-deletions", 100,
 		"A sweep that would let go of (delete or release) more orphan rows than this lets go of none and reports it.")
 	fs.IntVar(&o.sweepMaxDeletionPercent, "sweep-max-deletion-percent", 50,
@@ -98,9 +99,10 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.sqliteShared, "sqlite-shared-file", false,
 		"With --leader-elect and a SQLite registry: say that every replica opens the same file (one shared volume). Without it the "+
 			"combination is refused, since replicas with a file each would split the registry.")
-	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Hour,
-		"How often every Student is synced again even without a change: a backstop for what only a sync repairs, such as a status edited by hand. "+
-			"Rows that drifted are the sweep's (--sweep-interval), which compares them all with one registry read; with the sweep off, make this shorter. 0 never.")
+	fs.DurationVar(&o.resyncPeriod, "resync-period", resyncPeriod,
+		"How often every cached Student is queued again even without a change: a backstop for what only a sync repairs, such as a status edited by hand. "+
+			"Rows that are missing or differ are found by the sweep (--sweep-interval), which lists the owned rows and queues their Students; "+
+			"with the sweep off this defaults to "+resyncWithoutSweep.String()+". 0 never.")
 	fs.DurationVar(&o.syncTimeout, "sync-timeout", 30*time.Second, "Time limit of one sync; also bounds the drain on shutdown.")
 	fs.StringVar(&o.rateLimiter, "workqueue-rate-limiter", "external-io",
 		"Retry spacing: external-io (0.5 s doubling to 5 min, 50/s overall) or client-go (client-go's default: 5 milliseconds doubling to 16 min, 10/s overall; for comparison).")
@@ -162,7 +164,23 @@ func (o *options) registryPassword() func() (string, error) {
 	return nil
 }
 
+// The resync's default period, and its default with the sweep off. The sweep finds
+// the rows that are missing or differ, every --sweep-interval, with one List; a resync
+// queues every cached Student, and each sync reads its row (at N = 100000 that is
+// 100000 syncs and registry reads). So with the sweep on, the resync is a backstop for
+// what only a sync repairs (a status edited by hand), as rare as controller-runtime's
+// SyncPeriod; with the sweep off, it is what finds drift, as often as it did before.
+const (
+	resyncPeriod       = 10 * time.Hour
+	resyncWithoutSweep = 10 * time.Minute
+)
+
+// validate refuses flag combinations that cannot work, and settles what depends on
+// more than one flag (the scope; the resync's default with the sweep off).
 func (o *options) validate() error {
+	if o.sweepInterval == 0 && !o.set["resync-period"] {
+		o.resyncPeriod = resyncWithoutSweep
+	}
 	var errs []error
 	var err error
 	if o.scope, err = controller.ParseScope(o.namespace, o.selector); err != nil {

@@ -4,7 +4,41 @@ import (
 	"flag"
 	"strings"
 	"testing"
+	"time"
 )
+
+// TestResyncDefault: the resync is a rare backstop while the sweep finds drift, and
+// finds it itself, every ten minutes, when the sweep is off; a period given stays.
+func TestResyncDefault(t *testing.T) {
+	tests := map[string]struct {
+		args []string
+		want time.Duration
+	}{
+		"defaults":                {want: 10 * time.Hour},
+		"sweep off":               {args: []string{"--sweep-interval=0"}, want: 10 * time.Minute},
+		"sweep off, resync given": {args: []string{"--sweep-interval=0", "--resync-period=1h"}, want: time.Hour},
+		"sweep off, resync off":   {args: []string{"--sweep-interval=0", "--resync-period=0"}, want: 0},
+		"sweep on, resync given":  {args: []string{"--sweep-interval=1m", "--resync-period=30m"}, want: 30 * time.Minute},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			var o options
+			o.addFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			o.set = map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+			if err := o.validate(); err != nil {
+				t.Fatal(err)
+			}
+			if o.resyncPeriod != tc.want {
+				t.Errorf("resync period %v, want %v", o.resyncPeriod, tc.want)
+			}
+		})
+	}
+}
 
 // TestValidate: flag combinations that cannot work are refused at start, each with
 // what is wrong.
