@@ -102,9 +102,12 @@ for b in "${binaries[@]}"; do
 done
 rm -f "${log}"
 
+# awk, not head, reads the version: head exits after its line, and a writer still
+# printing (etcd prints four) then dies of SIGPIPE, which pipefail and errexit turn into
+# this script's exit status (141), after a build that succeeded.
 version() { # binary: the release it reports
 	case "$1" in
-	etcd) "${OUT}/etcd" --version | head -n1 | awk '{print "etcd " $3}' ;;
+	etcd) echo "etcd $("${OUT}/etcd" --version | awk 'NR == 1 {print $3}')" ;;
 	*) echo "$1 $("${OUT}/$1" --version | awk '{print $NF}')" ;;
 	esac
 }
