@@ -49,8 +49,7 @@ func main() {
 		fmt.Println(versionString())
 		return
 	}
-	opts.set = map[string]bool{}
-	flag.Visit(func(f *flag.Flag) { opts.set[f.Name] = true })
+	opts.recordSet(flag.CommandLine)
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "student-controller: unexpected arguments: %q\n", flag.Args())
 		os.Exit(2)

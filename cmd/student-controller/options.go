@@ -164,6 +164,13 @@ func (o *options) registryPassword() func() (string, error) {
 	return nil
 }
 
+// recordSet notes which flags fs was given (options.set), once fs is parsed: validate
+// tells a flag left at its default from one given that value.
+func (o *options) recordSet(fs *flag.FlagSet) {
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+}
+
 // The resync's default period, and its default with the sweep off. The sweep finds
 // the rows that are missing or differ, every --sweep-interval, with one List; a resync
 // queues every cached Student, and each sync reads its row (at N = 100000 that is

@@ -7,6 +7,21 @@ import (
 	"time"
 )
 
+// validated parses args as the controller's flags, as main does, and returns the
+// options and what validate said of them.
+func validated(t *testing.T, args []string) (options, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	var o options
+	o.addFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	o.recordSet(fs)
+	err := o.validate() // before o is read: validate settles some of its fields
+	return o, err
+}
+
 // TestResyncDefault: the resync is a rare backstop while the sweep finds drift, and
 // finds it itself, every ten minutes, when the sweep is off; a period given stays.
 func TestResyncDefault(t *testing.T) {
@@ -22,15 +37,8 @@ func TestResyncDefault(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			fs := flag.NewFlagSet("test", flag.ContinueOnError)
-			var o options
-			o.addFlags(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
-			o.set = map[string]bool{}
-			fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
-			if err := o.validate(); err != nil {
+			o, err := validated(t, tc.args)
+			if err != nil {
 				t.Fatal(err)
 			}
 			if o.resyncPeriod != tc.want {
@@ -70,15 +78,7 @@ func TestValidate(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			fs := flag.NewFlagSet("test", flag.ContinueOnError)
-			var o options
-			o.addFlags(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
-			o.set = map[string]bool{}
-			fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
-			err := o.validate()
+			_, err := validated(t, tc.args)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("validate: %v, want nil", err)

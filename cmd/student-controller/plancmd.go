@@ -55,8 +55,7 @@ func planCommand(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fmt.Fprintln(stdout, versionString())
 		return 0
 	}
-	opts.set = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { opts.set[f.Name] = true })
+	opts.recordSet(fs)
 	if fs.NArg() > 0 || (*output != "table" && *output != "json") {
 		fs.Usage()
 		return 1
