@@ -108,6 +108,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return 0
 	})
+	// Every result, action and outcome starts at 0, so that a process's first failure is
+	// an increase: increase() and rate() see nothing of a series until it has two
+	// samples, and alerts on a new Pod would miss what it counted first.
+	for _, result := range []string{resultSuccess, resultError, resultConflict, resultTerminal, resultNotLeading} {
+		m.reconcileTotal.WithLabelValues(result)
+	}
+	for _, action := range []string{rowCreated, rowUpdated, rowRestored, rowDeleted, rowReleased} {
+		m.rowsWritten.WithLabelValues(action)
+	}
+	for _, outcome := range []string{sweepClean, sweepRepaired, sweepRefused, sweepError} {
+		m.sweepTotal.WithLabelValues(outcome)
+	}
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
 			m.sweepDeleted, m.malformedRows, m.notReady, m.paused, m.pausedOldest, m.plannedActions)
@@ -207,19 +219,27 @@ func (m *Metrics) observeRow(action string) {
 	m.rowsWritten.WithLabelValues(action).Inc()
 }
 
+// Outcomes of a sweep, the label of the sweep metric.
+const (
+	sweepClean    = "clean"
+	sweepRepaired = "repaired" // rows queued for repair or orphans deleted
+	sweepRefused  = "refused"  // mass deletion past the bound
+	sweepError    = "error"
+)
+
 func (m *Metrics) observeSweep(r SweepResult, err error, took time.Duration) {
 	if m == nil {
 		return
 	}
 	m.sweepDuration.Observe(took.Seconds())
-	outcome := "clean"
+	outcome := sweepClean
 	switch {
 	case err != nil:
-		outcome = "error"
+		outcome = sweepError
 	case r.Refused:
-		outcome = "refused"
+		outcome = sweepRefused
 	case r.Resync > 0 || r.Deleted > 0:
-		outcome = "repaired"
+		outcome = sweepRepaired
 	}
 	m.sweepTotal.WithLabelValues(outcome).Inc()
 	m.sweepDeleted.Add(float64(r.Deleted))
