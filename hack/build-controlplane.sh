@@ -107,7 +107,11 @@ rm -f "${log}"
 # this script's exit status (141), after a build that succeeded.
 version() { # binary: the release it reports
 	case "$1" in
-	etcd) echo "etcd $("${OUT}/etcd" --version | awk 'NR == 1 {print $3}')" ;;
+	etcd)
+		local v
+		v="$("${OUT}/etcd" --version | awk 'NR == 1 {print $3}')" || return # fails as etcd fails
+		echo "etcd ${v}"
+		;;
 	*) echo "$1 $("${OUT}/$1" --version | awk '{print $NF}')" ;;
 	esac
 }

@@ -108,9 +108,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return 0
 	})
-	// Every result, action and outcome starts at 0, so that a process's first failure is
-	// an increase: increase() and rate() see nothing of a series until it has two
-	// samples, and alerts on a new Pod would miss what it counted first.
+	// Every result, action and outcome starts at 0, so that a failure counted after the
+	// first scrape is an increase: increase() and rate() see nothing of a series until
+	// it has two samples. (One counted before the first scrape, as the first sweep's can
+	// be, still shows as a series that starts at 1; the alerts see the next one.)
 	for _, result := range []string{resultSuccess, resultError, resultConflict, resultTerminal, resultNotLeading} {
 		m.reconcileTotal.WithLabelValues(result)
 	}
