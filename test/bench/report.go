@@ -181,15 +181,15 @@ func markdown(rep report, from *report) string {
 	b.WriteString("\nAPI requests are the contender's own (client-go's `rest_client_requests_total`), Events included; " +
 		"GET counts the initial list and watches. CPU is the contender process's user and system time from its start " +
 		"until 3 s after converging; memory is its resident set (`VmHWM`, `VmRSS`) with N Students cached, at the same moment.\n")
-	var served []string
+	var putTimes []string
 	for _, r := range rep.Results {
 		if r.StatusPUTServerMs > 0 {
-			served = append(served, fmt.Sprintf("%s %.1f ms", r.Name, r.StatusPUTServerMs))
+			putTimes = append(putTimes, fmt.Sprintf("%s %.1f ms", r.Name, r.StatusPUTServerMs))
 		}
 	}
-	if len(served) > 0 {
+	if len(putTimes) > 0 {
 		b.WriteString("\nkube-apiserver's own mean time to answer a status PUT of a Student over the converge " +
-			"(its `apiserver_request_duration_seconds`): " + strings.Join(served, ", ") + ".\n")
+			"(its `apiserver_request_duration_seconds`): " + strings.Join(putTimes, ", ") + ".\n")
 	}
 	b.WriteString("\n![Ready Students over time](" + fmt.Sprintf("n%d.png", rep.N) + ")\n")
 	if len(rep.Skipped) > 0 {
