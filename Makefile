@@ -134,7 +134,7 @@ fuzz: controlplane ## Run one fuzz target (FUZZ, default FuzzParseURL) for FUZZT
 	go test -run '^$$' -fuzz '^$(FUZZ)$$' -fuzztime $(FUZZTIME) -timeout 0 "$$pkg"
 
 .PHONY: bench-registry
-bench-registry: ## Time a registry row write (SQLite NORMAL and FULL, fenced or not; PostgreSQL), and 8 at once on SQLite; results in bench/results/registry-writes.txt.
+bench-registry: ## Time a registry row write (SQLite NORMAL and FULL, fenced or not; PostgreSQL), and 8 at once on SQLite (group commit, the busy handler alone, group commit over 100000 rows); results in bench/results/registry-writes.txt.
 	go test -run '^$$' -bench '^BenchmarkWrite(Concurrent)?$$' -benchtime 2000x -count 5 ./internal/registry | tee bench/results/registry-writes.txt
 
 BENCH_N ?= 10000

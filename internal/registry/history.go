@@ -96,52 +96,6 @@ func scanReturned(row *sql.Row, e *entry) (bool, error) {
 	return err == nil, err
 }
 
-// write runs the statements of one write and the history rows they report, stamped
-// at, in one transaction, which ends with the write fence's check while this registry holds a
-// fence: rolled back with ErrFenced when another controller has taken the owner's
-// fence since. fn runs its statements through in, which puts them in the
-// transaction, and returns the history rows of what it changed.
-func (r *Registry) write(ctx context.Context, at time.Time, fn func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error)) error {
-	done, err := r.turn(ctx)
-	if err != nil {
-		return err
-	}
-	defer done() // after the rollback below: deferred calls run last first
-	tx, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback() }()
-	in := func(s *sql.Stmt) *sql.Stmt { return tx.StmtContext(ctx, s) }
-	entries, err := fn(in)
-	if err != nil {
-		return err
-	}
-	if !writeHistory {
-		entries = nil // the bench's build without the history
-	}
-	for _, e := range entries {
-		if e.cause == "" {
-			e.cause = "unspecified"
-		}
-		if _, err := in(r.history).ExecContext(ctx, at, e.uid, e.namespace, e.name, e.studentName, e.school, e.generation,
-			e.action, e.owner, e.cause, r.actor); err != nil {
-			return fmt.Errorf("write the history row: %w", err)
-		}
-	}
-	if token := r.fence.Load(); token != 0 {
-		owner := *r.fenceOwner.Load()
-		n, err := affected(in(r.fenceCheck).ExecContext(ctx, owner, token))
-		if err != nil {
-			return fmt.Errorf("check the write fence: %w", err)
-		}
-		if n == 0 {
-			return fmt.Errorf("write fence %d of owner %q: %w", token, owner, ErrFenced)
-		}
-	}
-	return tx.Commit()
-}
-
 // turn waits for this process's turn at SQLite's write lock (Registry.writer) and
 // returns what ends it, to be called once the transaction has ended; on PostgreSQL
 // and read-only it waits for nothing. Writes of this process that run alongside the

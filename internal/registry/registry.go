@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -129,13 +130,20 @@ type Registry struct {
 	// while it holds none and writes unfenced.
 	fence      atomic.Int64
 	fenceOwner atomic.Pointer[string]
-	// writer is this process's one turn at SQLite's write lock, taken (turn) before a
-	// write's transaction begins (nil on PostgreSQL, whose row locks let writers of
-	// different rows go together, and when read-only). SQLite has one writer at a time
-	// whatever this does; without it the controller's workers wait for one another
-	// inside SQLite's busy handler, which polls with growing sleeps (1 ms up to 100 ms)
-	// and leaves the lock idle between a commit and the next waiter's wake-up.
+	// writer is this process's one turn at SQLite's write lock, taken before a write
+	// transaction begins (nil on PostgreSQL, whose row locks let writers of different
+	// rows go together, and when read-only). SQLite has one writer at a time whatever
+	// this does; without it the controller's workers wait for one another inside
+	// SQLite's busy handler, which polls with growing sleeps (1 ms up to 100 ms) and
+	// leaves the lock idle between a commit and the next waiter's wake-up. With it, the
+	// writes waiting for the turn go in one transaction (group.go).
 	writer chan struct{}
+	// pending are the writes waiting for the turn, which the next to take it writes in
+	// one transaction (group.go).
+	pendingMu sync.Mutex
+	pending   []*pendingWrite
+	// transactions counts the write transactions begun, for the tests of group commit.
+	transactions atomic.Int64
 }
 
 const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy`
@@ -468,7 +476,7 @@ func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, err
 	}
 	now := r.now().UTC()
 	stored := rec
-	err := r.write(ctx, now, func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		err := in(r.upsert).QueryRowContext(ctx,
 			rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy),
 		).Scan(&stored.CreatedAt, &stored.UpdatedAt)
@@ -514,7 +522,7 @@ func policyOf(p string) string {
 // already happened); a row with another owner is ErrNotOwned.
 func (r *Registry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
 	var n int64
-	err := r.write(ctx, r.now().UTC(), func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		e := entry{uid: uid, action: ActionDeleted, owner: owner, cause: cause}
 		deleted, err := scanReturned(in(r.del).QueryRowContext(ctx, uid, owner), &e)
 		if !deleted {
@@ -537,7 +545,7 @@ func (r *Registry) Delete(ctx context.Context, uid, owner, cause string) (bool, 
 func (r *Registry) Release(ctx context.Context, rec Record, cause string) (bool, error) {
 	now := r.now().UTC()
 	var n int64
-	err := r.write(ctx, now, func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		e := entry{uid: rec.UID, action: ActionReleased, owner: rec.Owner, cause: cause}
 		released, err := scanReturned(in(r.release).QueryRowContext(ctx, rec.UID, rec.Owner,
 			rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Generation, now), &e)
@@ -561,7 +569,7 @@ func (r *Registry) RecordPolicy(ctx context.Context, uid, owner, policy string) 
 		return fmt.Errorf("record the deletion policy of row %s: %q is neither %s nor %s", uid, policy, PolicyDelete, PolicyOrphan)
 	}
 	// Not a change to the student's record: no history row.
-	err := r.write(ctx, time.Time{}, func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+	err := r.write(ctx, time.Time{}, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		_, err := in(r.recordPolicy).ExecContext(ctx, uid, owner, policy)
 		return nil, err
 	})
@@ -591,7 +599,7 @@ const (
 func (r *Registry) Relinquish(ctx context.Context, uid, owner, cause string) (Outcome, error) {
 	var deleted, released int64
 	now := r.now().UTC()
-	err := r.write(ctx, now, func(in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		e := entry{uid: uid, action: ActionDeleted, owner: owner, cause: cause}
 		ok, err := scanReturned(in(r.delPolicy).QueryRowContext(ctx, uid, owner), &e)
 		if err != nil {

@@ -215,3 +215,129 @@ func TestListSortsNoTable(t *testing.T) {
 		t.Errorf("List's order %q, want SQLite's ORDER BY namespace, name, uid: %q", got, want)
 	}
 }
+
+// TestGroupCommit: writes that wait for the turn together go in one transaction, and
+// each gets its own outcome: one that fails (a row of another owner, a stale
+// generation) is rolled back alone and the others land with their history rows; a
+// fence taken by another controller since rolls back the whole group. (A write that
+// gives up while it waits is TestWritesTakeTurns'.)
+func TestGroupCommit(t *testing.T) {
+	ctx := context.Background()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "registry.db")
+	r, err := Open(ctx, url, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.TakeFence(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	record := func(uid, owner string, generation int64) Record {
+		return Record{UID: uid, Namespace: "default", Name: "s-" + uid, StudentName: "张三", School: "深圳中学",
+			Owner: owner, Generation: generation, DeletionPolicy: PolicyDelete}
+	}
+	// Rows the group's writes meet: one of another owner, one at generation 5.
+	if _, err := r.Upsert(ctx, record("theirs", "other", 1), Why{Cause: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Upsert(ctx, record("newer", "test", 5), Why{Cause: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	history := func() int {
+		t.Helper()
+		var n int
+		if err := r.db.QueryRowContext(ctx, `SELECT count(*) FROM student_history`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	historyBefore := history()
+
+	// group holds the turn until every write is waiting, so that the one that takes it
+	// next writes them all, and returns each write's error by its uid.
+	group := func(writes map[string]func() error) map[string]error {
+		t.Helper()
+		r.writer <- struct{}{}
+		var mu sync.Mutex
+		got := map[string]error{}
+		var wg sync.WaitGroup
+		for uid, write := range writes {
+			wg.Go(func() {
+				err := write()
+				mu.Lock()
+				got[uid] = err
+				mu.Unlock()
+			})
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			r.pendingMu.Lock()
+			n := len(r.pending)
+			r.pendingMu.Unlock()
+			if n == len(writes) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d writes waiting after 10 s", n, len(writes))
+			}
+			time.Sleep(time.Millisecond)
+		}
+		<-r.writer
+		wg.Wait()
+		return got
+	}
+
+	upsert := func(rec Record) func() error {
+		return func() error { _, err := r.Upsert(ctx, rec, Why{Cause: "test"}); return err }
+	}
+	transactions := r.transactions.Load()
+	got := group(map[string]func() error{
+		"a":      upsert(record("a", "test", 1)),
+		"b":      upsert(record("b", "test", 1)),
+		"theirs": upsert(record("theirs", "test", 2)),
+		"newer":  upsert(record("newer", "test", 3)),
+		"c":      upsert(record("c", "test", 1)),
+	})
+	if n := r.transactions.Load() - transactions; n != 1 {
+		t.Errorf("the group took %d transactions, want 1", n)
+	}
+	for uid, want := range map[string]error{"a": nil, "b": nil, "c": nil, "theirs": ErrNotOwned, "newer": ErrStale} {
+		if err := got[uid]; !errors.Is(err, want) || want == nil && err != nil {
+			t.Errorf("the write of %s: %v, want %v", uid, err, want)
+		}
+	}
+	for uid, want := range map[string]Record{"a": record("a", "test", 1), "b": record("b", "test", 1), "c": record("c", "test", 1),
+		"theirs": record("theirs", "other", 1), "newer": record("newer", "test", 5)} {
+		row, err := r.Get(ctx, uid)
+		if err != nil || row.Owner != want.Owner || row.Generation != want.Generation {
+			t.Errorf("row %s: owner %q, generation %d (%v); want %q, %d", uid, row.Owner, row.Generation, err, want.Owner, want.Generation)
+		}
+	}
+	if writeHistory {
+		if n := history() - historyBefore; n != 3 {
+			t.Errorf("%d history rows written by the group, want 3 (a, b, c)", n)
+		}
+	}
+
+	// Another controller takes the owner's fence: a whole group is rolled back.
+	next, err := Open(ctx, url, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	if _, err := next.TakeFence(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	historyBefore = history()
+	got = group(map[string]func() error{"d": upsert(record("d", "test", 1)), "e": upsert(record("e", "test", 1))})
+	for _, uid := range []string{"d", "e"} {
+		if !errors.Is(got[uid], ErrFenced) {
+			t.Errorf("the fenced write of %s: %v, want ErrFenced", uid, got[uid])
+		}
+		if _, err := r.Get(ctx, uid); !errors.Is(err, ErrNotFound) {
+			t.Errorf("row %s after the fenced group: %v, want ErrNotFound", uid, err)
+		}
+	}
+	if n := history() - historyBefore; n != 0 {
+		t.Errorf("%d history rows written by the fenced group, want 0", n)
+	}
+}

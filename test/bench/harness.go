@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -97,6 +98,11 @@ type result struct {
 	// Student over the same span (its apiserver_request_duration_seconds), in ms: what
 	// the server took, apart from the client's side of the round trip.
 	StatusPUTServerMs float64 `json:"statusPutServerMs,omitempty"`
+	// MachineBusyCores is how many of the machine's cores were busy on average over
+	// the same span (every process: the control plane, the loader and the bench too),
+	// from /proc/stat; StealSeconds the CPU time the hypervisor took from this VM in it.
+	MachineBusyCores float64 `json:"machineBusyCores,omitempty"`
+	StealSeconds     float64 `json:"stealSeconds"`
 
 	RestartMeasured bool    `json:"restartMeasured"`
 	RestartSeconds  float64 `json:"restartSeconds"`
@@ -167,6 +173,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	// Converge: the loader creates N Students at high concurrency.
 	apiServerCPU := h.apiServerCPU()
 	putsBefore := h.statusPUTs(ctx)
+	machineBefore, machineErr := readMachineCPU()
 	start := time.Now()
 	timeline := obs.record(start)
 	// The profiles are taken alongside, and end with the contender's measurement.
@@ -203,6 +210,14 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	}
 	r.Timeline = timeline()
 	r.APIServerCPUSeconds = h.apiServerCPU() - apiServerCPU
+	if machine, err := readMachineCPU(); err == nil && machineErr == nil {
+		used := machine.minus(machineBefore)
+		r.MachineBusyCores = used.busy / time.Since(start).Seconds()
+		r.StealSeconds = used.steal
+		say("  %s: the machine had %.2f cores busy over the converge; %.1f s of CPU stolen by the hypervisor", c.name, r.MachineBusyCores, r.StealSeconds)
+	} else {
+		say("  %s: no reading of the machine's CPU: %v", c.name, errors.Join(machineErr, err))
+	}
 	if puts := h.statusPUTs(ctx).minus(putsBefore); puts.count > 0 {
 		r.StatusPUTServerMs = puts.seconds / puts.count * 1000
 	}

@@ -191,6 +191,16 @@ func markdown(rep report, from *report) string {
 		b.WriteString("\nkube-apiserver's own mean time to answer a status PUT of a Student over the converge " +
 			"(its `apiserver_request_duration_seconds`): " + strings.Join(putTimes, ", ") + ".\n")
 	}
+	var machine []string
+	for _, r := range rep.Results {
+		if r.MachineBusyCores > 0 {
+			machine = append(machine, fmt.Sprintf("%s %.2f cores busy, %.1f s stolen", r.Name, r.MachineBusyCores, r.StealSeconds))
+		}
+	}
+	if len(machine) > 0 {
+		b.WriteString("\nThe whole machine over each converge (/proc/stat: every process's CPU, and the time the " +
+			"hypervisor gave this VM's CPUs to others): " + strings.Join(machine, "; ") + ".\n")
+	}
 	b.WriteString("\n![Ready Students over time](" + fmt.Sprintf("n%d.png", rep.N) + ")\n")
 	if len(rep.Skipped) > 0 {
 		b.WriteString("\nNot run at this N:\n\n")
