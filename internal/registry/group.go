@@ -24,6 +24,10 @@ import (
 // hold the lock for long: the rest go in the next.
 const maxGroup = 64
 
+// errGroupAborted is the outcome of a write whose transaction ended before it was
+// known to have committed (a panic in it): it was not written.
+var errGroupAborted = errors.New("the write's transaction was abandoned before it committed")
+
 // writeFunc runs the statements of one write through in, which puts them in the
 // transaction, with ctx, and returns the history rows of what it changed.
 type writeFunc func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error)
@@ -53,20 +57,15 @@ func (r *Registry) write(ctx context.Context, at time.Time, fn writeFunc) error 
 	r.pendingMu.Unlock()
 	for {
 		select {
+		case err := <-w.done: // written in another's group: no need to take the turn
+			return err
+		default:
+		}
+		select {
 		case err := <-w.done:
 			return err
 		case r.writer <- struct{}{}:
-			r.pendingMu.Lock()
-			n := min(len(r.pending), maxGroup)
-			group := slices.Clone(r.pending[:n])
-			r.pending = slices.Delete(r.pending, 0, n)
-			r.pendingMu.Unlock()
-			if len(group) > 0 {
-				// Not tied to any one writer's context: its cancellation would
-				// interrupt the statement running and end the others' transaction.
-				r.commit(context.WithoutCancel(group[0].ctx), group)
-			}
-			<-r.writer
+			r.writePending()
 		case <-ctx.Done():
 			r.pendingMu.Lock()
 			i := slices.Index(r.pending, w)
@@ -82,13 +81,42 @@ func (r *Registry) write(ctx context.Context, at time.Time, fn writeFunc) error 
 	}
 }
 
+// writePending writes, holding the turn, up to maxGroup of the pending writes in one
+// transaction, and then gives the turn up (also should the transaction panic).
+func (r *Registry) writePending() {
+	defer func() { <-r.writer }()
+	r.pendingMu.Lock()
+	n := min(len(r.pending), maxGroup)
+	group := slices.Clone(r.pending[:n])
+	r.pending = slices.Delete(r.pending, 0, n)
+	r.pendingMu.Unlock()
+	// Those given up since they were queued need no transaction.
+	group = slices.DeleteFunc(group, func(w *pendingWrite) bool {
+		if err := w.ctx.Err(); err != nil {
+			w.done <- fmt.Errorf("wait for this process's turn to write: %w", err)
+			return true
+		}
+		return false
+	})
+	if len(group) > 0 {
+		// Not tied to any one writer's context: its cancellation would interrupt the
+		// statement running and end the others' transaction.
+		r.commit(context.WithoutCancel(group[0].ctx), group)
+	}
+}
+
 // commit writes group in one transaction and tells each its outcome once the
 // transaction has ended, so that what a failed write reads next to explain itself
 // (notWritten) sees what the others wrote. A write whose own statements fail is rolled
 // back alone (to its savepoint, when it shares the transaction) and gets its error;
 // the others get the fence check's and the commit's.
 func (r *Registry) commit(ctx context.Context, group []*pendingWrite) {
+	// Until a write's outcome is known it is that of a transaction that did not end
+	// (a panic in it): not written.
 	outcome := make([]error, len(group))
+	for i := range outcome {
+		outcome[i] = errGroupAborted
+	}
 	var written []int // in group, of the writes in the transaction so far
 	defer func() {
 		for i, w := range group {
@@ -123,7 +151,8 @@ func (r *Registry) commit(ctx context.Context, group []*pendingWrite) {
 			continue
 		}
 		if !shared {
-			if outcome[i] = r.writeOne(ctx, in, w); outcome[i] != nil {
+			if err := r.writeOne(ctx, in, w); err != nil {
+				outcome[i] = err
 				return // the deferred rollback undoes it
 			}
 			written = append(written, i)
@@ -133,7 +162,8 @@ func (r *Registry) commit(ctx context.Context, group []*pendingWrite) {
 			abandon(i, err)
 			return
 		}
-		if outcome[i] = r.writeOne(ctx, in, w); outcome[i] == nil {
+		own := r.writeOne(ctx, in, w)
+		if own == nil {
 			if _, err := tx.ExecContext(ctx, "RELEASE write"); err != nil {
 				abandon(i, err)
 				return
@@ -143,10 +173,9 @@ func (r *Registry) commit(ctx context.Context, group []*pendingWrite) {
 		}
 		// Some errors (a full disk, an I/O error) end the whole transaction: then the
 		// savepoint is gone, and so is every write in it.
+		outcome[i] = own
 		if err := rollbackTo(ctx, tx); err != nil {
-			own := outcome[i]
 			abandon(i+1, fmt.Errorf("the transaction it shared ended: %w", errors.Join(own, err)))
-			outcome[i] = own
 			return
 		}
 	}

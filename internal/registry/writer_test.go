@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -316,6 +317,60 @@ func TestGroupCommit(t *testing.T) {
 		if n := history() - historyBefore; n != 3 {
 			t.Errorf("%d history rows written by the group, want 3 (a, b, c)", n)
 		}
+	}
+
+	// A write whose row is written and whose history row then fails is undone to its
+	// savepoint, row and all; the others of its group land. (The trigger's ABORT
+	// undoes the failing statement alone, as most errors do.)
+	exec := func(query string) {
+		t.Helper()
+		if _, err := r.db.ExecContext(ctx, query); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`CREATE TRIGGER poison BEFORE INSERT ON student_history WHEN NEW.uid = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned history'); END`)
+	got = group(map[string]func() error{"f": upsert(record("f", "test", 1)), "poison": upsert(record("poison", "test", 1)), "g": upsert(record("g", "test", 1))})
+	exec(`DROP TRIGGER poison`)
+	if err := got["poison"]; err == nil || !strings.Contains(err.Error(), "poisoned history") {
+		t.Errorf("the write whose history failed: %v, want the trigger's error", err)
+	}
+	if _, err := r.Get(ctx, "poison"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the row of the write whose history failed: %v, want ErrNotFound (rolled back to its savepoint)", err)
+	}
+	for _, uid := range []string{"f", "g"} {
+		if _, err := r.Get(ctx, uid); got[uid] != nil || err != nil {
+			t.Errorf("write %s beside the failing one: %v, then Get: %v; want it written", uid, got[uid], err)
+		}
+	}
+
+	// An error that ends the whole transaction (the trigger's ROLLBACK, as a full disk
+	// would) fails every write of the group: none is written, none is told it was.
+	exec(`CREATE TRIGGER doom BEFORE INSERT ON student_history WHEN NEW.uid = 'doom' BEGIN SELECT RAISE(ROLLBACK, 'doomed'); END`)
+	got = group(map[string]func() error{"h": upsert(record("h", "test", 1)), "doom": upsert(record("doom", "test", 1)), "i": upsert(record("i", "test", 1))})
+	exec(`DROP TRIGGER doom`)
+	for _, uid := range []string{"h", "doom", "i"} {
+		if got[uid] == nil {
+			t.Errorf("write %s in the transaction that ended: no error, want one", uid)
+		}
+		if _, err := r.Get(ctx, uid); !errors.Is(err, ErrNotFound) {
+			t.Errorf("row %s after its transaction ended: %v, want ErrNotFound", uid, err)
+		}
+	}
+
+	// More writes than one transaction takes: the rest go in the next.
+	many := map[string]func() error{}
+	for i := range maxGroup + 6 {
+		uid := fmt.Sprintf("m-%d", i)
+		many[uid] = upsert(record(uid, "test", 1))
+	}
+	transactions = r.transactions.Load()
+	for uid, err := range group(many) {
+		if err != nil {
+			t.Errorf("write %s of a long line: %v", uid, err)
+		}
+	}
+	if n := r.transactions.Load() - transactions; n != 2 {
+		t.Errorf("%d writes took %d transactions, want 2", maxGroup+6, n)
 	}
 
 	// Another controller takes the owner's fence: a whole group is rolled back.
