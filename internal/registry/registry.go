@@ -138,8 +138,7 @@ type Registry struct {
 	// leaves the lock idle between a commit and the next waiter's wake-up. With it, the
 	// writes waiting for the turn go in one transaction (group.go).
 	writer chan struct{}
-	// pending are the writes waiting for the turn, which the next to take it writes in
-	// one transaction (group.go).
+	// pending are the writes waiting for the turn.
 	pendingMu sync.Mutex
 	pending   []*pendingWrite
 	// transactions counts the write transactions begun, for the tests of group commit.
