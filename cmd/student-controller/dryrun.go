@@ -16,6 +16,10 @@ var errDryRun = errors.New("--dry-run: nothing is written")
 // writes, which the guard never lets through, are refused again here.
 type dryRunRegistry struct{ readOnlyRegistry }
 
+func (dryRunRegistry) Insert(context.Context, registry.Record, string) (registry.Record, error) {
+	return registry.Record{}, errDryRun
+}
+
 func (dryRunRegistry) Upsert(context.Context, registry.Record, registry.Why) (registry.Record, error) {
 	return registry.Record{}, errDryRun
 }

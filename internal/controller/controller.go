@@ -39,6 +39,7 @@ const (
 // Registry is what the controller needs of the student registry.
 type Registry interface {
 	rowReader
+	Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error)
 	Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error)
 	Delete(ctx context.Context, uid, owner, cause string) (bool, error)
 	Release(ctx context.Context, rec registry.Record, cause string) (bool, error)

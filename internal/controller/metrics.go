@@ -60,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_registry_operation_duration_seconds",
-			Help:    "Latency of registry operations, by operation (get, upsert, delete, release, relinquish, record_policy, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, error).",
+			Help:    "Latency of registry operations, by operation (get, insert, upsert, delete, release, relinquish, record_policy, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
 		rowsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -291,6 +291,8 @@ func (t timedRegistry) observe(op string, start time.Time, err error) {
 		result = "not_owned"
 	case errors.Is(err, registry.ErrMalformed):
 		result = "malformed"
+	case errors.Is(err, registry.ErrExists):
+		result = "exists"
 	case err != nil:
 		result = "error"
 	}
@@ -302,6 +304,13 @@ func (t timedRegistry) Get(ctx context.Context, uid string) (registry.Record, er
 	rec, err := t.Registry.Get(ctx, uid)
 	op.end(err)
 	return rec, err
+}
+
+func (t timedRegistry) Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
+	ctx, op := t.start(ctx, "insert")
+	out, err := t.Registry.Insert(ctx, rec, cause)
+	op.end(err)
+	return out, err
 }
 
 func (t timedRegistry) Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {

@@ -58,7 +58,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	}
 	c.cfg.Metrics.observeUnpaused(key)
 	if token := reconcileRequest(student); token != "" {
-		// Every sync reads the row from the registry; this one was asked for.
+		// Every sync checks the row in the registry; this one was asked for.
 		klog.FromContext(ctx).V(2).Info("Reconcile requested", "token", token)
 	}
 	if student.DeletionTimestamp != nil {
@@ -124,6 +124,21 @@ func (c *Controller) ensureFinalizer(ctx context.Context, s *studentv1.Student) 
 // it returns has been reported on the Student.
 func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (registry.Record, string, error) {
 	want := recordOf(c.cfg.Owner, s)
+	if !wasWritten(s) {
+		// A new Student, whose row is almost always absent: Insert writes it without
+		// the read first. A row there after all (written by a sync that ended before
+		// its status, another owner's, a released or unreadable one) is left as it is,
+		// and read and judged below like any other.
+		row, err := c.write.insert(ctx, want, registry.CauseNewStudent)
+		switch {
+		case err == nil:
+			return c.wroteRow(ctx, row, registry.Why{Action: rowCreated, Cause: registry.CauseNewStudent})
+		case errors.Is(err, ErrNotLeading):
+			return row, "", err
+		case !errors.Is(err, registry.ErrExists):
+			return row, "", c.registryFailed(ctx, s, err)
+		}
+	}
 	row, err := c.rows.Get(ctx, want.UID)
 	exists, malformed := err == nil, errors.Is(err, registry.ErrMalformed)
 	switch {
@@ -170,6 +185,11 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 	case err != nil:
 		return row, "", c.registryFailed(ctx, s, err)
 	}
+	return c.wroteRow(ctx, row, why)
+}
+
+// wroteRow counts and logs a row that ensureRow wrote, and returns what it returns.
+func (c *Controller) wroteRow(ctx context.Context, row registry.Record, why registry.Why) (registry.Record, string, error) {
 	c.cfg.Metrics.observeRow(why.Action)
 	klog.FromContext(ctx).V(2).Info("Wrote registry row", "action", why.Action, "cause", why.Cause, "generation", row.Generation)
 	return row, why.Action, nil

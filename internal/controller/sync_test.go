@@ -64,6 +64,16 @@ func TestSync(t *testing.T) {
 			wantWrites:    []string{"patch students", "update students/status"},
 			wantRow:       rowCreated, // status says it: no Event
 		},
+		// A sync that wrote the row and ended before the status: the row is found,
+		// left as it is (no second write, no history row), and reported.
+		"new student whose row was written before its status": {
+			student:       newStudent("a"),
+			rows:          []registry.Record{recordOf(owner, newStudent("a"))},
+			wantRows:      map[string]row{"uid-a": {owner, "张三", "深圳中学", 1, start}},
+			wantReady:     &readyState{metav1.ConditionTrue, studentv1.ReasonSynced, start},
+			wantFinalizer: true,
+			wantWrites:    []string{"patch students", "update students/status"},
+		},
 		"spec update": {
 			student: newStudent("a", withFinalizer, func(s *studentv1.Student) { s.Generation = 1 }, synced(start),
 				func(s *studentv1.Student) { s.Generation, s.Spec.School = 2, "北京四中" }),
@@ -708,13 +718,17 @@ func TestNotReadyGauge(t *testing.T) {
 	}
 }
 
-// failingGet is a registry whose reads fail with a driver's text.
-type failingGet struct {
+// failingRegistry is a registry whose reads and inserts fail with a driver's text.
+type failingRegistry struct {
 	Registry
 	err error
 }
 
-func (r failingGet) Get(context.Context, string) (registry.Record, error) {
+func (r failingRegistry) Get(context.Context, string) (registry.Record, error) {
+	return registry.Record{}, r.err
+}
+
+func (r failingRegistry) Insert(context.Context, registry.Record, string) (registry.Record, error) {
 	return registry.Record{}, r.err
 }
 
@@ -723,31 +737,39 @@ func (r failingGet) Get(context.Context, string) (registry.Record, error) {
 // read; the controller's log has it.
 func TestRegistryErrorsStayInTheLog(t *testing.T) {
 	secret := `failed to connect to user=student_controller database=students host=db.internal.example: password authentication failed`
-	f := newFixture(t, newStudent("a", withFinalizer))
-	f.ctrl.rows = failingGet{Registry: f.ctrl.write.registry, err: errors.New(secret)}
-	if err := f.ctrl.sync(f.ctx, "school/a"); err == nil || !strings.Contains(err.Error(), "db.internal.example") {
-		t.Errorf("sync returned %v, want the cause for the log", err)
-	}
-	s := f.get("school", "a")
-	for _, c := range s.Status.Conditions {
-		if strings.Contains(c.Message, "db.internal.example") || strings.Contains(c.Message, "student_controller") {
-			t.Errorf("condition %s shows the driver's text: %q", c.Type, c.Message)
-		}
-	}
-	sent := 0
-	for done := false; !done; {
-		select {
-		case e := <-f.recorder.Events:
-			sent++
-			if strings.Contains(e, "db.internal.example") || strings.Contains(e, "student_controller") {
-				t.Errorf("event shows the driver's text: %q", e)
+	for name, student := range map[string]*studentv1.Student{
+		"a new Student's insert":  newStudent("a", withFinalizer),
+		"a synced Student's read": newStudent("a", withFinalizer, synced(start)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, student)
+			failing := failingRegistry{Registry: f.ctrl.write.registry, err: errors.New(secret)}
+			f.ctrl.rows, f.ctrl.write.registry = failing, failing
+			if err := f.ctrl.sync(f.ctx, "school/a"); err == nil || !strings.Contains(err.Error(), "db.internal.example") {
+				t.Errorf("sync returned %v, want the cause for the log", err)
 			}
-		default:
-			done = true
-		}
-	}
-	if sent == 0 {
-		t.Error("no Warning event for the failure")
+			s := f.get("school", "a")
+			for _, c := range s.Status.Conditions {
+				if strings.Contains(c.Message, "db.internal.example") || strings.Contains(c.Message, "student_controller") {
+					t.Errorf("condition %s shows the driver's text: %q", c.Type, c.Message)
+				}
+			}
+			sent := 0
+			for done := false; !done; {
+				select {
+				case e := <-f.recorder.Events:
+					sent++
+					if strings.Contains(e, "db.internal.example") || strings.Contains(e, "student_controller") {
+						t.Errorf("event shows the driver's text: %q", e)
+					}
+				default:
+					done = true
+				}
+			}
+			if sent == 0 {
+				t.Error("no Warning event for the failure")
+			}
+		})
 	}
 }
 

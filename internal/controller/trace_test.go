@@ -13,8 +13,8 @@ import (
 
 // TestSyncSpans: with a tracer, the sync of a new Student is one trace: the sync's
 // span, from when its key was queued, with the Student's key, uid, generation and
-// result, and as its children the queue wait, the registry's read and write and the
-// status write. Without one, nothing is recorded and the queue keeps no times.
+// result, and as its children the queue wait, the registry's write (an insert, with no
+// read first) and the status write. Without one, nothing is recorded and the queue keeps no times.
 func TestSyncSpans(t *testing.T) {
 	f := newFixture(t)
 	recorder := tracetest.NewSpanRecorder()
@@ -64,7 +64,7 @@ func TestSyncSpans(t *testing.T) {
 			}
 		}
 	}
-	wantChildren := []string{SpanQueueWait, "Registry get", "Registry upsert", SpanStatusWrite}
+	wantChildren := []string{SpanQueueWait, "Registry insert", SpanStatusWrite} // a new Student's row: no read first
 	if diff := cmp.Diff(wantChildren, children); diff != "" {
 		t.Errorf("the sync span's children, in the order they ended (-want +got):\n%s", diff)
 	}

@@ -57,6 +57,10 @@ func guard[T any](w *writes, write func() (T, error)) (T, error) {
 
 // The row writes each say why, for the history row the registry writes with them.
 
+func (w *writes) insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
+	return guard(w, func() (registry.Record, error) { return w.registry.Insert(ctx, rec, cause) })
+}
+
 func (w *writes) upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
 	return guard(w, func() (registry.Record, error) { return w.registry.Upsert(ctx, rec, why) })
 }

@@ -63,7 +63,7 @@ func testSchemaChecks(t *testing.T, b registrytest.Backend) {
 	}
 
 	// The owner's writes repair what the checks would refuse: an upsert rewrites the
-	// row, a release keeps it readable, a delete deletes it.
+	// row, a release keeps it readable, a delete deletes it. An insert leaves it.
 	var uids []string
 	for uid := range wrong {
 		if uid != "" {
@@ -78,6 +78,12 @@ func testSchemaChecks(t *testing.T, b registrytest.Backend) {
 		rec := student(uid, "ctl")
 		switch i % 3 {
 		case 0:
+			if _, err := r.Insert(ctx, rec, "test"); !errors.Is(err, registry.ErrExists) {
+				t.Errorf("Insert over malformed row %s: %v, want ErrExists", uid, err)
+			}
+			if _, err := r.Get(ctx, uid); !errors.Is(err, registry.ErrMalformed) {
+				t.Errorf("row %s after the Insert: %v, want it as it was (malformed)", uid, err)
+			}
 			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
 				t.Errorf("Upsert over malformed row %s: %v", uid, err)
 			}

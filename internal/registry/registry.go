@@ -46,6 +46,9 @@ var (
 	// ErrFenced: another controller of the same owner took the owner's write fence
 	// after this one (a new leader); the write was rolled back.
 	ErrFenced = errors.New("another controller took over this owner's writes")
+	// ErrExists: Insert found a row for the UID already, of whatever owner or state,
+	// and left it as it is.
+	ErrExists = errors.New("registry row exists")
 )
 
 // Deletion policies a row records, as its Student's spec.deletionPolicy says.
@@ -123,7 +126,7 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// was a visible share of the controller's CPU (bench/results/tuning.md).
-	get, upsert, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck, history *sql.Stmt
+	get, insert, upsert, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck, history *sql.Stmt
 	// actor is Options.Actor, for the history.
 	actor string
 	// fence is the write token this registry holds (TakeFence), for fenceOwner; 0
@@ -154,7 +157,13 @@ const columns = `uid, namespace, name, student_name, school, owner, generation, 
 // generation (%[2]s is the dialect's test): one that carries an older generation than
 // the row holds changes nothing.
 const (
-	getSQL    = `SELECT ` + columns + ` FROM students WHERE uid = $1`
+	getSQL = `SELECT ` + columns + ` FROM students WHERE uid = $1`
+	// Insert's: a row already there, of whatever owner or state, is left alone.
+	insertSQL = `
+		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
+		ON CONFLICT (uid) DO NOTHING
+		RETURNING created_at, updated_at`
 	upsertSQL = `
 		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
@@ -244,6 +253,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		query string
 	}{
 		{&r.get, getSQL},
+		{&r.insert, insertSQL},
 		{&r.upsert, fmt.Sprintf(upsertSQL, fmt.Sprintf(src.dialect.validTime, "students.created_at"),
 			fmt.Sprintf(src.dialect.notNewer, "students.generation", "excluded.generation"))},
 		{&r.del, deleteSQL},
@@ -289,7 +299,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.fenceCheck, r.history} {
+	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.fenceCheck, r.history} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -461,6 +471,37 @@ func (r *Registry) List(ctx context.Context, owner string) ([]Record, []Malforme
 	return out, malformed, nil
 }
 
+// Insert writes rec as the new row of rec.UID, owned by rec.Owner, and returns it as
+// stored; a history row records it as created, for cause. It is the write of a Student
+// that has had no row, without the read that Upsert's callers make first: when the
+// registry holds a row for rec.UID after all (written by a sync that ended before it
+// could report it, another owner's, a released or malformed one), Insert changes
+// nothing and returns ErrExists, and the caller reads that row and decides.
+func (r *Registry) Insert(ctx context.Context, rec Record, cause string) (Record, error) {
+	if rec.UID == "" || rec.Owner == "" {
+		return Record{}, fmt.Errorf("insert row: uid and owner are required (uid %q, owner %q)", rec.UID, rec.Owner)
+	}
+	now := r.now().UTC()
+	var created, updated time.Time
+	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		// No row returned: one was there. As an error, it ends the write like any
+		// other that fails: rolled back, with no fence check or commit of its own.
+		if err := in(r.insert).QueryRowContext(ctx, rowValues(rec, now)...).Scan(&created, &updated); err != nil {
+			return nil, err
+		}
+		return []entry{entryOf(rec, ActionCreated, cause)}, nil
+	})
+	switch {
+	case errors.Is(err, ErrFenced):
+		return Record{}, err
+	case errors.Is(err, sql.ErrNoRows):
+		return Record{}, fmt.Errorf("insert row %s: %w", rec.UID, ErrExists)
+	case err != nil:
+		return Record{}, fmt.Errorf("insert row %s: %w", rec.UID, err)
+	}
+	return asStored(rec, created, updated), nil
+}
+
 // Upsert writes rec as rec.Owner: it inserts the row, or updates it when rec.Owner
 // owns it, and returns the row as stored; a history row records why. A row with
 // another owner, or a released one, is left alone and ErrNotOwned returned; a row that
@@ -474,11 +515,9 @@ func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, err
 		return Record{}, fmt.Errorf("upsert row %s: the action %q is none of %s, %s, %s", rec.UID, action, ActionCreated, ActionUpdated, ActionRestored)
 	}
 	now := r.now().UTC()
-	stored := rec
+	var created, updated time.Time
 	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
-		err := in(r.upsert).QueryRowContext(ctx,
-			rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy),
-		).Scan(&stored.CreatedAt, &stored.UpdatedAt)
+		err := in(r.upsert).QueryRowContext(ctx, rowValues(rec, now)...).Scan(&created, &updated)
 		if err != nil {
 			return nil, err
 		}
@@ -493,11 +532,21 @@ func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, err
 	if err != nil {
 		return Record{}, fmt.Errorf("upsert row %s: %w", rec.UID, err)
 	}
-	stored.CreatedAt = stored.CreatedAt.UTC()
-	stored.UpdatedAt = stored.UpdatedAt.UTC()
-	stored.ReleasedAt = time.Time{}
-	stored.DeletionPolicy = policyOf(rec.DeletionPolicy)
-	return stored, nil
+	return asStored(rec, created, updated), nil
+}
+
+// rowValues are the values that Insert and Upsert write for rec at now, in their
+// statements' order.
+func rowValues(rec Record, now time.Time) []any {
+	return []any{rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy)}
+}
+
+// asStored is rec as Insert or Upsert stored it, with the times its statement returned.
+func asStored(rec Record, created, updated time.Time) Record {
+	rec.CreatedAt, rec.UpdatedAt = created.UTC(), updated.UTC()
+	rec.ReleasedAt = time.Time{}
+	rec.DeletionPolicy = policyOf(rec.DeletionPolicy)
+	return rec
 }
 
 // policyValue is what a write stores for a policy: NULL when unknown.

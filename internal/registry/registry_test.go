@@ -96,6 +96,49 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 	})
 
+	t.Run("insert writes only a row that is not there", func(t *testing.T) {
+		r := open(t, newURL(t, b), newFakeClock())
+		want := student("u1", "ctl")
+		want.DeletionPolicy = registry.PolicyOrphan
+		stored, err := r.Insert(ctx, want, registry.CauseNewStudent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want.CreatedAt = time.Date(2026, 11, 29, 8, 0, 2, 0, time.UTC) // the first tick went to the migration
+		want.UpdatedAt = want.CreatedAt
+		if diff := cmp.Diff(want, stored); diff != "" {
+			t.Errorf("Insert returned (-want +got):\n%s", diff)
+		}
+		if got, err := r.Get(ctx, "u1"); err != nil || !cmp.Equal(want, got) {
+			t.Errorf("Get after Insert: %+v, %v; want %+v", got, err, want)
+		}
+		// Over a row of the same owner, of another, and a released one: ErrExists,
+		// and each row as it was.
+		changed := want
+		changed.School, changed.Generation = "北京四中", 2
+		if _, err := r.Insert(ctx, changed, registry.CauseNewStudent); !errors.Is(err, registry.ErrExists) {
+			t.Errorf("Insert over the owner's row: %v, want ErrExists", err)
+		}
+		if _, err := r.Upsert(ctx, student("theirs", "other"), registry.Why{Cause: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Insert(ctx, student("theirs", "ctl"), registry.CauseNewStudent); !errors.Is(err, registry.ErrExists) {
+			t.Errorf("Insert over another owner's row: %v, want ErrExists", err)
+		}
+		if released, err := r.Release(ctx, want, "test"); err != nil || !released {
+			t.Fatalf("Release: %v, %v", released, err)
+		}
+		if _, err := r.Insert(ctx, want, registry.CauseNewStudent); !errors.Is(err, registry.ErrExists) {
+			t.Errorf("Insert over a released row: %v, want ErrExists", err)
+		}
+		if got, _ := r.Get(ctx, "u1"); got.Owner != "" || got.School != "深圳中学" || got.Generation != 1 {
+			t.Errorf("released row after the Inserts: %+v, want it as released", got)
+		}
+		if got, _ := r.Get(ctx, "theirs"); got.Owner != "other" {
+			t.Errorf("another owner's row after the Insert: %+v", got)
+		}
+	})
+
 	t.Run("update by owner keeps created_at", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
 		first, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"})
@@ -560,12 +603,16 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 				t.Fatal(err)
 			}
 		}
-		_, err = r.Upsert(ctx, u1, registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent})
+		_, err = r.Insert(ctx, u1, registry.CauseNewStudent)
 		write(err)
 		u1.School, u1.Generation = "北京四中", 2
 		_, err = r.Upsert(ctx, u1, registry.Why{Action: registry.ActionUpdated, Cause: registry.CauseSpecChange})
 		write(err)
-		// Refused writes leave no history: stale, not owned, nothing to delete.
+		// Refused writes leave no history: a row there already, stale, not owned,
+		// nothing to delete.
+		if _, err := r.Insert(ctx, u1, registry.CauseNewStudent); !errors.Is(err, registry.ErrExists) {
+			t.Fatalf("insert over a row: %v", err)
+		}
 		stale := u1
 		stale.Generation = 1
 		if _, err := r.Upsert(ctx, stale, registry.Why{Cause: registry.CauseDrift}); !errors.Is(err, registry.ErrStale) {
@@ -599,6 +646,9 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		u3 := student("u3", "ctl")
 		if _, err := r.Upsert(ctx, u3, registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent}); !errors.Is(err, registry.ErrFenced) {
 			t.Fatalf("fenced upsert: %v", err)
+		}
+		if _, err := r.Insert(ctx, u3, registry.CauseNewStudent); !errors.Is(err, registry.ErrFenced) {
+			t.Fatalf("fenced insert: %v", err)
 		}
 
 		type step struct {
@@ -702,6 +752,9 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if _, err := r.Delete(ctx, "u1", "ctl", registry.CauseFinalizer); err == nil {
 			t.Error("Delete through a read-only registry succeeded")
 		}
+		if _, err := r.Insert(ctx, student("u2", "ctl"), registry.CauseNewStudent); err == nil || errors.Is(err, registry.ErrExists) {
+			t.Errorf("Insert through a read-only registry: %v, want it refused", err)
+		}
 		if _, err := r.Bind(ctx, "other", "cluster-b"); err == nil {
 			t.Error("Bind through a read-only registry succeeded")
 		}
@@ -709,6 +762,10 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		var history int
 		if err := db.QueryRow(`SELECT school FROM students WHERE uid = 'u1'`).Scan(&school); err != nil || school != "深圳中学" {
 			t.Errorf("the row after writes through a read-only registry: school %q, %v", school, err)
+		}
+		var rows int
+		if err := db.QueryRow(`SELECT count(*) FROM students`).Scan(&rows); err != nil || rows != 1 {
+			t.Errorf("rows after writes through a read-only registry: %d, %v; want the one of the writable registry", rows, err)
 		}
 		if err := db.QueryRow(`SELECT count(*) FROM student_history`).Scan(&history); err != nil || history != 1 {
 			t.Errorf("history rows: %d, %v; want the one of the writable registry", history, err)

@@ -290,6 +290,9 @@ func TestGroupCommit(t *testing.T) {
 	upsert := func(rec Record) func() error {
 		return func() error { _, err := r.Upsert(ctx, rec, Why{Cause: "test"}); return err }
 	}
+	insert := func(rec Record) func() error {
+		return func() error { _, err := r.Insert(ctx, rec, "test"); return err }
+	}
 	transactions := r.transactions.Load()
 	got := group(map[string]func() error{
 		"a":      upsert(record("a", "test", 1)),
@@ -297,25 +300,28 @@ func TestGroupCommit(t *testing.T) {
 		"theirs": upsert(record("theirs", "test", 2)),
 		"newer":  upsert(record("newer", "test", 3)),
 		"c":      upsert(record("c", "test", 1)),
+		// Inserts: one new row, one that finds its row there and writes nothing.
+		"ins":            insert(record("ins", "test", 1)),
+		"newer (insert)": insert(record("newer", "test", 1)),
 	})
 	if n := r.transactions.Load() - transactions; n != 1 {
 		t.Errorf("the group took %d transactions, want 1", n)
 	}
-	for uid, want := range map[string]error{"a": nil, "b": nil, "c": nil, "theirs": ErrNotOwned, "newer": ErrStale} {
+	for uid, want := range map[string]error{"a": nil, "b": nil, "c": nil, "ins": nil, "theirs": ErrNotOwned, "newer": ErrStale, "newer (insert)": ErrExists} {
 		if err := got[uid]; !errors.Is(err, want) || want == nil && err != nil {
 			t.Errorf("the write of %s: %v, want %v", uid, err, want)
 		}
 	}
 	for uid, want := range map[string]Record{"a": record("a", "test", 1), "b": record("b", "test", 1), "c": record("c", "test", 1),
-		"theirs": record("theirs", "other", 1), "newer": record("newer", "test", 5)} {
+		"ins": record("ins", "test", 1), "theirs": record("theirs", "other", 1), "newer": record("newer", "test", 5)} {
 		row, err := r.Get(ctx, uid)
 		if err != nil || row.Owner != want.Owner || row.Generation != want.Generation {
 			t.Errorf("row %s: owner %q, generation %d (%v); want %q, %d", uid, row.Owner, row.Generation, err, want.Owner, want.Generation)
 		}
 	}
 	if writeHistory {
-		if n := history() - historyBefore; n != 3 {
-			t.Errorf("%d history rows written by the group, want 3 (a, b, c)", n)
+		if n := history() - historyBefore; n != 4 {
+			t.Errorf("%d history rows written by the group, want 4 (a, b, c, ins)", n)
 		}
 	}
 

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -155,6 +156,15 @@ type countingRegistry struct {
 func (r *countingRegistry) Get(ctx context.Context, uid string) (registry.Record, error) {
 	r.gets.Add(1)
 	return r.Registry.Get(ctx, uid)
+}
+
+// Insert counts as a write unless it found the row there, and wrote nothing.
+func (r *countingRegistry) Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
+	row, err := r.Registry.Insert(ctx, rec, cause)
+	if !errors.Is(err, registry.ErrExists) {
+		r.writes.Add(1)
+	}
+	return row, err
 }
 
 func (r *countingRegistry) Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {

@@ -70,8 +70,8 @@ func TestReadinessAndMetrics(t *testing.T) {
 	}
 	for _, want := range []string{
 		`student_controller_reconcile_duration_seconds_bucket{result="success"`,
-		`student_controller_registry_operation_duration_seconds_count{operation="upsert",result="ok"} 3`,
-		`student_controller_registry_operation_duration_seconds_count{operation="get",result="not_found"}`,
+		// A new Student's row is inserted, with no read first.
+		`student_controller_registry_operation_duration_seconds_count{operation="insert",result="ok"} 3`,
 		`student_controller_registry_rows_written_total{action="created"} 3`,
 		`student_controller_sweep_duration_seconds_count `,
 		`workqueue_depth{name="student-controller"}`,
