@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"debug/buildinfo"
+	"fmt"
 	"path/filepath"
 
 	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
@@ -42,7 +44,11 @@ var (
 	cborClient = []string{"KUBE_FEATURE_ClientsAllowCBOR=true", "KUBE_FEATURE_ClientsPreferCBOR=true"}
 )
 
-type binaries struct{ controller, controllerNoHistory, peer, floor string }
+type binaries struct {
+	controller, controllerNoHistory, peer, floor string
+	// goVersion is the Go release the contenders were built with, for the report.
+	goVersion string
+}
 
 func build(ctx context.Context, root, scratch string) (binaries, error) {
 	b := binaries{
@@ -64,6 +70,11 @@ func build(ctx context.Context, root, scratch string) (binaries, error) {
 			return b, err
 		}
 	}
+	info, err := buildinfo.ReadFile(b.controller)
+	if err != nil {
+		return b, fmt.Errorf("read the Go version %s was built with: %w", b.controller, err)
+	}
+	b.goVersion = info.GoVersion
 	return b, nil
 }
 

@@ -250,6 +250,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 	}
 	usage := p.Usage()
 	r.PeakRSSMiB, r.SteadyRSSMiB, r.ConvergeCPUSeconds = usage.PeakRSSMiB, usage.RSSMiB, usage.CPUSeconds
+	say("  %s: %.1f s of CPU to converge (kube-apiserver %.1f s), %.1f MiB steady", c.name, r.ConvergeCPUSeconds, r.APIServerCPUSeconds, r.SteadyRSSMiB)
 	// A profile that failed costs the profile, not the run. One that runs on past a
 	// short converge is waited for here, after what it could have added to was read.
 	if err := <-profiled; err != nil {

@@ -250,7 +250,7 @@ func run(n int, outDir, scratch string, phase phases, picked []string, inv inves
 	if inv.only != "" {
 		return nil // a partial run is not a result
 	}
-	return writeResults(outDir, n, phase, rev, results, sweeps, left)
+	return writeResults(outDir, n, phase, rev, bins.goVersion, results, sweeps, left)
 }
 
 // onlySweep is the name -only takes to time the sweeps alone.

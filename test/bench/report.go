@@ -45,7 +45,7 @@ type skipped struct {
 	Why  string `json:"why"`
 }
 
-func writeResults(dir string, n int, phase phases, rev string, results []*result, sweeps []sweepResult, left []skipped) error {
+func writeResults(dir string, n int, phase phases, rev, goVersion string, results []*result, sweeps []sweepResult, left []skipped) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -61,7 +61,7 @@ func writeResults(dir string, n int, phase phases, rev string, results []*result
 			r.RatioToStatusFloor = r.ProjectedSeconds / f.ProjectedSeconds
 		}
 	}
-	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Build: rev, N: n, PhaseTimeout: phase.all.String(), Results: results, Sweeps: sweeps, Skipped: left}
+	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(goVersion), Build: rev, N: n, PhaseTimeout: phase.all.String(), Results: results, Sweeps: sweeps, Skipped: left}
 	if phase.peerDelete < phase.all {
 		rep.PeerDeleteTimeout = phase.peerDelete.String()
 	}
@@ -543,7 +543,8 @@ func revision() string {
 	return rev
 }
 
-func machine() string {
+// machine describes the machine, and the Go release the contenders were built with.
+func machine(goVersion string) string {
 	model := "unknown CPU"
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {
 		sc := bufio.NewScanner(f)
@@ -561,7 +562,7 @@ func machine() string {
 		_, _ = fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb) // 0 GiB if it changes form
 		mem = fmt.Sprintf(", %.0f GiB", float64(kb)/1024/1024)
 	}
-	return fmt.Sprintf("%d × %s%s, %s, kube-apiserver v1.37.2 and etcd 3.7.0 from bin/k8s", runtime.NumCPU(), model, mem, runtime.Version())
+	return fmt.Sprintf("%d × %s%s, contenders built with %s, kube-apiserver v1.37.2 and etcd 3.7.0 from bin/k8s", runtime.NumCPU(), model, mem, goVersion)
 }
 
 // chart draws Ready Students over time, one line per contender.
