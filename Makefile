@@ -134,8 +134,9 @@ fuzz: controlplane ## Run one fuzz target (FUZZ, default FuzzParseURL) for FUZZT
 	go test -run '^$$' -fuzz '^$(FUZZ)$$' -fuzztime $(FUZZTIME) -timeout 0 "$$pkg"
 
 .PHONY: bench-registry
-bench-registry: ## Time a registry row write (SQLite NORMAL and FULL, fenced or not; PostgreSQL), and 8 at once on SQLite (group commit, the busy handler alone, group commit over 100000 rows); results in bench/results/registry-writes.txt.
+bench-registry: ## Time a registry row write (SQLite NORMAL and FULL, fenced or not; PostgreSQL), and 8 at once on SQLite (group commit, the busy handler alone, group commit over 100000 rows), into bench/results/registry-writes.txt; then a new Student's row (Get then upsert, against Insert), the two alternating, into bench/results/new-student-row.txt.
 	go test -run '^$$' -bench '^BenchmarkWrite(Concurrent)?$$' -benchtime 2000x -count 5 ./internal/registry | tee bench/results/registry-writes.txt
+	for i in 1 2 3 4 5 6; do go test -run '^$$' -bench '^BenchmarkNewStudentRow$$' -benchtime 2000x ./internal/registry || exit 1; done | tee bench/results/new-student-row.txt
 
 BENCH_N ?= 10000
 
