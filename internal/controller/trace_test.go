@@ -14,7 +14,8 @@ import (
 // TestSyncSpans: with a tracer, the sync of a new Student is one trace: the sync's
 // span, from when its key was queued, with the Student's key, uid, generation and
 // result, and as its children the queue wait, the registry's write (an insert, with no
-// read first) and the status write. Without one, nothing is recorded and the queue keeps no times.
+// read first) and the status write. Without one, nothing is recorded and the queue
+// keeps no times.
 func TestSyncSpans(t *testing.T) {
 	f := newFixture(t)
 	recorder := tracetest.NewSpanRecorder()

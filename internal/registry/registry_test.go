@@ -71,46 +71,46 @@ func student(uid, owner string) registry.Record {
 func runSuite(t *testing.T, b registrytest.Backend) {
 	ctx := context.Background()
 
-	t.Run("insert then read back", func(t *testing.T) {
-		clock := newFakeClock()
-		r := open(t, newURL(t, b), clock)
-		want := student("u1", "ctl")
-		stored, err := r.Upsert(ctx, want, registry.Why{Cause: "test"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		want.CreatedAt = time.Date(2026, 11, 29, 8, 0, 2, 0, time.UTC) // the first tick went to the migration
-		want.UpdatedAt = want.CreatedAt
-		if diff := cmp.Diff(want, stored); diff != "" {
-			t.Errorf("Upsert returned (-want +got):\n%s", diff)
-		}
-		got, err := r.Get(ctx, "u1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("Get returned (-want +got):\n%s", diff)
-		}
-		if _, err := r.Get(ctx, "nope"); !errors.Is(err, registry.ErrNotFound) {
-			t.Errorf("Get of a missing row: %v, want ErrNotFound", err)
-		}
-	})
+	// A new row, as the controller writes it (Insert) and as an upsert does.
+	for name, write := range map[string]func(*registry.Registry, registry.Record) (registry.Record, error){
+		"Insert": func(r *registry.Registry, rec registry.Record) (registry.Record, error) {
+			return r.Insert(ctx, rec, registry.CauseNewStudent)
+		},
+		"Upsert": func(r *registry.Registry, rec registry.Record) (registry.Record, error) {
+			return r.Upsert(ctx, rec, registry.Why{Cause: "test"})
+		},
+	} {
+		t.Run(name+" of a new row, then read back", func(t *testing.T) {
+			r := open(t, newURL(t, b), newFakeClock())
+			want := student("u1", "ctl")
+			want.DeletionPolicy = registry.PolicyOrphan
+			stored, err := write(r, want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want.CreatedAt = time.Date(2026, 11, 29, 8, 0, 2, 0, time.UTC) // the first tick went to the migration
+			want.UpdatedAt = want.CreatedAt
+			if diff := cmp.Diff(want, stored); diff != "" {
+				t.Errorf("%s returned (-want +got):\n%s", name, diff)
+			}
+			got, err := r.Get(ctx, "u1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("Get returned (-want +got):\n%s", diff)
+			}
+			if _, err := r.Get(ctx, "nope"); !errors.Is(err, registry.ErrNotFound) {
+				t.Errorf("Get of a missing row: %v, want ErrNotFound", err)
+			}
+		})
+	}
 
 	t.Run("insert writes only a row that is not there", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
 		want := student("u1", "ctl")
-		want.DeletionPolicy = registry.PolicyOrphan
-		stored, err := r.Insert(ctx, want, registry.CauseNewStudent)
-		if err != nil {
+		if _, err := r.Insert(ctx, want, registry.CauseNewStudent); err != nil {
 			t.Fatal(err)
-		}
-		want.CreatedAt = time.Date(2026, 11, 29, 8, 0, 2, 0, time.UTC) // the first tick went to the migration
-		want.UpdatedAt = want.CreatedAt
-		if diff := cmp.Diff(want, stored); diff != "" {
-			t.Errorf("Insert returned (-want +got):\n%s", diff)
-		}
-		if got, err := r.Get(ctx, "u1"); err != nil || !cmp.Equal(want, got) {
-			t.Errorf("Get after Insert: %+v, %v; want %+v", got, err, want)
 		}
 		// Over a row of the same owner, of another, and a released one: ErrExists,
 		// and each row as it was.
@@ -118,6 +118,9 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		changed.School, changed.Generation = "北京四中", 2
 		if _, err := r.Insert(ctx, changed, registry.CauseNewStudent); !errors.Is(err, registry.ErrExists) {
 			t.Errorf("Insert over the owner's row: %v, want ErrExists", err)
+		}
+		if got, _ := r.Get(ctx, "u1"); got.School != "深圳中学" || got.Generation != 1 {
+			t.Errorf("the owner's row after an Insert over it: %+v, want it as first written", got)
 		}
 		if _, err := r.Upsert(ctx, student("theirs", "other"), registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
