@@ -158,15 +158,15 @@ const columns = `uid, namespace, name, student_name, school, owner, generation, 
 // the row holds changes nothing.
 const (
 	getSQL = `SELECT ` + columns + ` FROM students WHERE uid = $1`
-	// Insert's: a row already there, of whatever owner or state, is left alone.
-	insertSQL = `
+	// The row that Insert and Upsert write, with rowValues' values.
+	newRowSQL = `
 		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)`
+	// Insert's: a row already there, of whatever owner or state, is left alone.
+	insertSQL = newRowSQL + `
 		ON CONFLICT (uid) DO NOTHING
 		RETURNING created_at, updated_at`
-	upsertSQL = `
-		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
+	upsertSQL = newRowSQL + `
 		ON CONFLICT (uid) DO UPDATE SET
 			namespace = excluded.namespace,
 			name = excluded.name,
@@ -478,8 +478,8 @@ func (r *Registry) List(ctx context.Context, owner string) ([]Record, []Malforme
 // could report it, another owner's, a released or malformed one), Insert changes
 // nothing and returns ErrExists, and the caller reads that row and decides.
 func (r *Registry) Insert(ctx context.Context, rec Record, cause string) (Record, error) {
-	if rec.UID == "" || rec.Owner == "" {
-		return Record{}, fmt.Errorf("insert row: uid and owner are required (uid %q, owner %q)", rec.UID, rec.Owner)
+	if err := requireKey("insert", rec); err != nil {
+		return Record{}, err
 	}
 	now := r.now().UTC()
 	var created, updated time.Time
@@ -507,8 +507,8 @@ func (r *Registry) Insert(ctx context.Context, rec Record, cause string) (Record
 // another owner, or a released one, is left alone and ErrNotOwned returned; a row that
 // holds a newer generation than rec is left alone and ErrStale returned.
 func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, error) {
-	if rec.UID == "" || rec.Owner == "" {
-		return Record{}, fmt.Errorf("upsert row: uid and owner are required (uid %q, owner %q)", rec.UID, rec.Owner)
+	if err := requireKey("upsert", rec); err != nil {
+		return Record{}, err
 	}
 	action := cmp.Or(why.Action, ActionUpdated)
 	if action != ActionCreated && action != ActionUpdated && action != ActionRestored {
@@ -533,6 +533,15 @@ func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, err
 		return Record{}, fmt.Errorf("upsert row %s: %w", rec.UID, err)
 	}
 	return asStored(rec, created, updated), nil
+}
+
+// requireKey refuses a write of rec (op names it) without the uid and owner every row
+// needs.
+func requireKey(op string, rec Record) error {
+	if rec.UID == "" || rec.Owner == "" {
+		return fmt.Errorf("%s row: uid and owner are required (uid %q, owner %q)", op, rec.UID, rec.Owner)
+	}
+	return nil
 }
 
 // rowValues are the values that Insert and Upsert write for rec at now, in their
