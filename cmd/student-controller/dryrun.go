@@ -24,6 +24,10 @@ func (dryRunRegistry) Upsert(context.Context, registry.Record, registry.Why) (re
 	return registry.Record{}, errDryRun
 }
 
+func (dryRunRegistry) Rewind(context.Context, registry.Record, int64) (registry.Record, error) {
+	return registry.Record{}, errDryRun
+}
+
 func (dryRunRegistry) Delete(context.Context, string, string, string) (bool, error) {
 	return false, errDryRun
 }

@@ -41,6 +41,7 @@ type Registry interface {
 	rowReader
 	Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error)
 	Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error)
+	Rewind(ctx context.Context, rec registry.Record, ahead int64) (registry.Record, error)
 	Delete(ctx context.Context, uid, owner, cause string) (bool, error)
 	Release(ctx context.Context, rec registry.Record, cause string) (bool, error)
 	Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error)
@@ -107,6 +108,10 @@ type Config struct {
 
 // ErrNotLeading is returned for work refused because this replica may not write.
 var ErrNotLeading = errors.New("not the leader")
+
+// conflictPatience is how many retries of a conflict in a row are logged at -v=2 only:
+// a cache behind the API server catches up within a few; more are logged as errors.
+const conflictPatience = 8
 
 // notLeadingRetry is how long a key refused by Config.Leading waits before it is tried
 // again: by then this replica has renewed its Lease, or stood down.
@@ -396,7 +401,12 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		// the retry reads the newer object. No failure: nothing counts it as an error.
 		result = resultConflict
 		c.queue.AddRateLimited(key)
-		klog.FromContext(ctx).V(2).Info("Conflict; will retry", "student", student, "err", err)
+		if n := c.queue.NumRequeues(key); n > conflictPatience {
+			// Not the usual race with the watch any more: say so where it is seen.
+			utilruntime.HandleErrorWithContext(ctx, err, "Syncing Student keeps conflicting; will retry", "student", student, "retries", n)
+		} else {
+			klog.FromContext(ctx).V(2).Info("Conflict; will retry", "student", student, "err", err)
+		}
 	default:
 		result = resultError
 		c.queue.AddRateLimited(key)

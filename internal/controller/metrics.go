@@ -23,6 +23,7 @@ type Metrics struct {
 	sweepDuration     prometheus.Histogram
 	sweepDeleted      prometheus.Counter
 	malformedRows     prometheus.Gauge
+	registryAhead     prometheus.Counter
 	notReady          prometheus.Gauge
 	paused            prometheus.GaugeFunc
 	pausedOldest      prometheus.GaugeFunc
@@ -60,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_registry_operation_duration_seconds",
-			Help:    "Latency of registry operations, by operation (get, insert, upsert, delete, release, relinquish, record_policy, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
+			Help:    "Latency of registry operations, by operation (get, insert, upsert, rewind, delete, release, relinquish, record_policy, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
 		rowsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -83,6 +84,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		malformedRows: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "student_controller_registry_malformed_rows",
 			Help: "Rows this controller owns that the last sweep could not read and skipped (written past the schema's checks).",
+		}),
+		registryAhead: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "student_controller_registry_rows_ahead_total",
+			Help: "Registry rows found at a newer generation than their Student on the API server (the cluster went back in time, as after an etcd restore) and written to follow the Student again.",
 		}),
 		notReady: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "student_controller_students_not_ready",
@@ -123,9 +128,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
-			m.sweepDeleted, m.malformedRows, m.notReady, m.paused, m.pausedOldest, m.plannedActions)
+			m.sweepDeleted, m.malformedRows, m.registryAhead, m.notReady, m.paused, m.pausedOldest, m.plannedActions)
 	}
 	return m
+}
+
+// observeRegistryAhead counts a row that was ahead of its Student and follows it again.
+func (m *Metrics) observeRegistryAhead() {
+	if m == nil {
+		return
+	}
+	m.registryAhead.Inc()
 }
 
 func (m *Metrics) observeSync(result string, took time.Duration) {
@@ -309,6 +322,13 @@ func (t timedRegistry) Get(ctx context.Context, uid string) (registry.Record, er
 func (t timedRegistry) Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
 	ctx, op := t.start(ctx, "insert")
 	out, err := t.Registry.Insert(ctx, rec, cause)
+	op.end(err)
+	return out, err
+}
+
+func (t timedRegistry) Rewind(ctx context.Context, rec registry.Record, ahead int64) (registry.Record, error) {
+	ctx, op := t.start(ctx, "rewind")
+	out, err := t.Registry.Rewind(ctx, rec, ahead)
 	op.end(err)
 	return out, err
 }

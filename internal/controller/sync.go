@@ -32,6 +32,7 @@ const (
 	EventRowOwnedElsewhere = "RowOwnedElsewhere"
 	EventInvalidSpec       = "InvalidSpec"
 	EventSweepRefused      = "SweepRefused"
+	EventRegistryAhead     = "RegistryAhead"
 )
 
 // sync brings the registry in line with one Student. It is level-based: it reads the
@@ -175,17 +176,60 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		}
 	}
 	row, err = c.write.upsert(ctx, want, why)
+	ahead := errors.Is(err, registry.ErrStale)
+	if ahead {
+		row, err = c.registryAhead(ctx, s, want)
+	}
 	switch {
 	case errors.Is(err, registry.ErrNotOwned):
 		return row, "", c.ownedElsewhere(ctx, s, err)
-	case errors.Is(err, registry.ErrStale), errors.Is(err, ErrNotLeading):
-		// Stale: this cache is behind a newer writer's; nothing to write, and the watch
-		// brings the newer Student.
+	case errors.Is(err, registry.ErrStale), errors.Is(err, ErrNotLeading), errors.Is(err, errCacheBehind), errors.Is(err, errStudentGone):
+		// This cache is behind the API server or a newer writer's: nothing to write,
+		// and the watch brings the newer Student.
 		return row, "", err
 	case err != nil:
 		return row, "", c.registryFailed(ctx, s, err)
+	case ahead:
+		// Reported by registryAhead's Warning, not by a second Event.
+		c.cfg.Metrics.observeRow(rowUpdated)
+		return row, "", nil
 	}
 	return c.wroteRow(ctx, row, why)
+}
+
+// registryAhead handles a row that the registry refused to write over because it
+// holds a newer generation than the Student. Either this cache is behind (the watch
+// brings the newer Student: retried), or the registry has seen a future that the
+// cluster lost: etcd was restored from a backup, and the Student went back to an
+// older generation. The row is read first and the API server asked second, with a
+// quorum read; only if the Student there is still the cache's, and older than the
+// row, does the row follow it (Rewind). The API server holds the desired state: the
+// history, a Warning Event, a metric and an alert say what happened.
+func (c *Controller) registryAhead(ctx context.Context, s *studentv1.Student, want registry.Record) (registry.Record, error) {
+	row, err := c.rows.Get(ctx, want.UID)
+	switch {
+	case err != nil:
+		return row, err
+	case row.Owner != want.Owner:
+		return row, fmt.Errorf("row %s is owned by %q: %w", row.UID, row.Owner, registry.ErrNotOwned)
+	case row.Generation <= want.Generation:
+		return row, fmt.Errorf("row %s changed since the write was refused: %w", row.UID, registry.ErrStale)
+	}
+	if current, err := c.confirmCurrent(ctx, s); !current {
+		return row, cmp.Or(err, errStudentGone)
+	}
+	rewound, err := c.write.rewind(ctx, want, row.Generation)
+	if err != nil {
+		return row, err
+	}
+	c.cfg.Metrics.observeRegistryAhead()
+	msg := fmt.Sprintf("The registry row held generation %d, newer than this Student's %d: the cluster went back to an earlier state "+
+		"(etcd restored from a backup) or the row was changed by hand. The row follows the Student again: %s, %s",
+		row.Generation, want.Generation, want.StudentName, want.School)
+	c.write.warn(s, EventRegistryAhead, msg)
+	klog.FromContext(ctx).Info("Registry row was ahead of its Student; it follows the Student again",
+		"rowGeneration", row.Generation, "generation", want.Generation)
+	return rewound, nil
 }
 
 // wroteRow counts and logs a row that ensureRow wrote, and returns what it returns.
@@ -262,11 +306,11 @@ func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (
 	live, err := c.liveStudent(ctx, s.Namespace, s.Name, s.UID)
 	switch {
 	case err == nil && live == nil:
-		klog.FromContext(ctx).V(2).Info("Row missing and the Student gone: this cache is behind, nothing to restore")
+		klog.FromContext(ctx).V(2).Info("The Student is gone: this cache is behind, nothing to write")
 		c.cfg.Metrics.forget(cache.MetaObjectToName(s).String())
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("confirm the Student before restoring its row: %w", err)
+		return false, fmt.Errorf("confirm the Student with the API server before writing its row: %w", err)
 	case live.ResourceVersion != s.ResourceVersion:
 		return false, errCacheBehind
 	}
@@ -342,7 +386,18 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 		action = rowReleased
 		done, err = c.release(ctx, s)
 	}
+	if errors.Is(err, registry.ErrStale) {
+		// The row is ahead of the Student (an etcd restore): it follows the Student
+		// first, then goes as the Student's policy says.
+		if _, err = c.registryAhead(ctx, s, recordOf(c.cfg.Owner, s)); err == nil {
+			done, err = c.release(ctx, s)
+		}
+	}
 	switch {
+	case errors.Is(err, errStudentGone):
+		return nil // its finalizer is gone with it
+	case errors.Is(err, errCacheBehind):
+		return err
 	case errors.Is(err, registry.ErrStale), errors.Is(err, ErrNotLeading):
 		return err // as in ensureRow
 	case errors.Is(err, registry.ErrNotOwned):

@@ -47,6 +47,8 @@ func TestSync(t *testing.T) {
 		student *studentv1.Student
 		rows    []registry.Record // in the registry before the sync, written at start
 		down    bool              // the registry is closed before the sync
+		// apiServer, when set, changes the API server's Student after the cache has it.
+		apiServer func(*studentv1.Student)
 
 		wantErr       string // "", "retry" or "terminal"
 		wantRows      map[string]row
@@ -119,6 +121,9 @@ func TestSync(t *testing.T) {
 			// A former leader that woke up late: its cache holds generation 1, the new
 			// leader has written generation 2. Nothing is written; the watch catches up.
 			student: newStudent("a", withFinalizer, synced(start)),
+			apiServer: func(s *studentv1.Student) {
+				s.Generation, s.Spec.School, s.ResourceVersion = 2, "北京四中", "2"
+			},
 			rows: []registry.Record{func() registry.Record {
 				r := recordOf(owner, newStudent("a"))
 				r.School, r.Generation = "北京四中", 2
@@ -245,6 +250,14 @@ func TestSync(t *testing.T) {
 			f := newFixture(t, tc.student)
 			f.put(tc.rows...)
 			f.clock.SetTime(later)
+			if tc.apiServer != nil {
+				live := f.get(tc.student.Namespace, tc.student.Name)
+				tc.apiServer(live)
+				if _, err := f.client.BolingcavalryV1().Students(live.Namespace).Update(f.ctx, live, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				f.client.ClearActions()
+			}
 			if tc.down {
 				f.registry.Close()
 			}
@@ -311,8 +324,12 @@ func TestSync(t *testing.T) {
 			if diff := cmp.Diff(*tc.wantReady, got); diff != "" {
 				t.Errorf("Ready (-want +got):\n%s\nmessage: %s", diff, cond.Message)
 			}
-			if s.Status.ObservedGeneration != s.Generation || cond.ObservedGeneration != s.Generation {
-				t.Errorf("observedGeneration %d, condition's %d, want %d", s.Status.ObservedGeneration, cond.ObservedGeneration, s.Generation)
+			wantObserved := s.Generation
+			if tc.apiServer != nil {
+				wantObserved = tc.student.Generation // the cache's: the sync wrote nothing
+			}
+			if s.Status.ObservedGeneration != wantObserved || cond.ObservedGeneration != wantObserved {
+				t.Errorf("observedGeneration %d, condition's %d, want %d", s.Status.ObservedGeneration, cond.ObservedGeneration, wantObserved)
 			}
 		})
 	}

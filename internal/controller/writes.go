@@ -65,6 +65,10 @@ func (w *writes) upsert(ctx context.Context, rec registry.Record, why registry.W
 	return guard(w, func() (registry.Record, error) { return w.registry.Upsert(ctx, rec, why) })
 }
 
+func (w *writes) rewind(ctx context.Context, rec registry.Record, ahead int64) (registry.Record, error) {
+	return guard(w, func() (registry.Record, error) { return w.registry.Rewind(ctx, rec, ahead) })
+}
+
 func (w *writes) delete(ctx context.Context, uid, owner, cause string) (bool, error) {
 	return guard(w, func() (bool, error) { return w.registry.Delete(ctx, uid, owner, cause) })
 }

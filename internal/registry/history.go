@@ -37,6 +37,10 @@ const (
 	CauseStaleCache = "stale-cache"
 	// CauseOwnerMove: the owner mark was renamed (student-controller registry rename-owner).
 	CauseOwnerMove = "owner-move"
+	// CauseRegistryAhead: the row held a newer generation than the Student the API
+	// server returns (the cluster went back in time: an etcd restore); it follows the
+	// Student again (Rewind).
+	CauseRegistryAhead = "registry-ahead"
 )
 
 // Why says why a row is written, for the history row written with it.

@@ -126,7 +126,7 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// was a visible share of the controller's CPU (bench/results/tuning.md).
-	get, insert, upsert, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck, history *sql.Stmt
+	get, insert, upsert, rewind, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck, history *sql.Stmt
 	// actor is Options.Actor, for the history.
 	actor string
 	// fence is the write token this registry holds (TakeFence), for fenceOwner; 0
@@ -178,6 +178,14 @@ const (
 			updated_at = excluded.updated_at,
 			released_at = NULL
 		WHERE students.owner = excluded.owner AND %[2]s
+		RETURNING created_at, updated_at`
+	// Rewind's, with rowValues' values: the owner's row, while it still holds the
+	// generation it was found ahead at ($10), takes the Student's values and generation.
+	rewindSQL = `
+		UPDATE students SET namespace = $2, name = $3, student_name = $4, school = $5, generation = $7,
+			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END, updated_at = $8,
+			deletion_policy = $9, released_at = NULL
+		WHERE uid = $1 AND owner = $6 AND generation = $10
 		RETURNING created_at, updated_at`
 	deleteSQL = `DELETE FROM students WHERE uid = $1 AND owner = $2` + returned
 	// A released row keeps the Student's last spec.
@@ -256,6 +264,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		{&r.insert, insertSQL},
 		{&r.upsert, fmt.Sprintf(upsertSQL, fmt.Sprintf(src.dialect.validTime, "students.created_at"),
 			fmt.Sprintf(src.dialect.notNewer, "students.generation", "excluded.generation"))},
+		{&r.rewind, fmt.Sprintf(rewindSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
 		{&r.del, deleteSQL},
 		{&r.release, fmt.Sprintf(releaseSQL, fmt.Sprintf(src.dialect.validTime, "created_at"),
 			fmt.Sprintf(src.dialect.notNewer, "generation", "$7"))},
@@ -299,7 +308,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.fenceCheck, r.history} {
+	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.fenceCheck, r.history} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -535,6 +544,42 @@ func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, err
 	return asStored(rec, created, updated), nil
 }
 
+// Rewind writes rec over rec.Owner's row for rec.UID that holds generation ahead,
+// newer than rec's, and returns the row as stored; a history row records it as
+// updated, for CauseRegistryAhead. It is the one write that takes a row back in
+// generation, for a registry that has seen a future the cluster lost (an etcd
+// restore): its caller has read the row, then confirmed with the API server that the
+// Student is at rec's generation. A row that no longer holds ahead, or is not the
+// owner's, is left alone: ErrNotOwned, ErrNotFound, or an error to try again.
+func (r *Registry) Rewind(ctx context.Context, rec Record, ahead int64) (Record, error) {
+	if err := requireKey("rewind", rec); err != nil {
+		return Record{}, err
+	}
+	if ahead <= rec.Generation {
+		return Record{}, fmt.Errorf("rewind row %s: generation %d is not ahead of %d", rec.UID, ahead, rec.Generation)
+	}
+	now := r.now().UTC()
+	var created, updated time.Time
+	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		err := in(r.rewind).QueryRowContext(ctx, append(rowValues(rec, now), ahead)...).Scan(&created, &updated)
+		if err != nil {
+			return nil, err
+		}
+		return []entry{entryOf(rec, ActionUpdated, CauseRegistryAhead)}, nil
+	})
+	switch {
+	case errors.Is(err, ErrFenced):
+		return Record{}, err
+	case errors.Is(err, sql.ErrNoRows):
+		// Not the generation it was found at: whatever it is now, the caller reads
+		// it again (no generation here, so not ErrStale).
+		return Record{}, r.notWritten(ctx, Record{UID: rec.UID, Owner: rec.Owner})
+	case err != nil:
+		return Record{}, fmt.Errorf("rewind row %s: %w", rec.UID, err)
+	}
+	return asStored(rec, created, updated), nil
+}
+
 // requireKey refuses a write of rec (op names it) without the uid and owner every row
 // needs.
 func requireKey(op string, rec Record) error {
@@ -544,7 +589,7 @@ func requireKey(op string, rec Record) error {
 	return nil
 }
 
-// rowValues are the values that Insert and Upsert write for rec at now, in their
+// rowValues are the values that Insert, Upsert and Rewind write for rec at now, in their
 // statements' order.
 func rowValues(rec Record, now time.Time) []any {
 	return []any{rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy)}

@@ -300,6 +300,57 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 	})
 
+	t.Run("rewind takes a row ahead back to its Student, and nothing else", func(t *testing.T) {
+		r := open(t, newURL(t, b), newFakeClock())
+		ahead := student("u1", "ctl")
+		ahead.School, ahead.Generation = "school D", 4
+		written, err := r.Upsert(ctx, ahead, registry.Why{Cause: "test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The Student after an etcd restore: generation 2, which Upsert refuses.
+		back := student("u1", "ctl")
+		back.School, back.Generation = "school E", 2
+		if _, err := r.Upsert(ctx, back, registry.Why{Cause: "test"}); !errors.Is(err, registry.ErrStale) {
+			t.Fatalf("Upsert of an older generation: %v, want ErrStale", err)
+		}
+		// Found at another generation than the caller read: nothing changes, and the
+		// caller is told to read again, not that the row is stale.
+		if _, err := r.Rewind(ctx, back, 3); err == nil || errors.Is(err, registry.ErrStale) {
+			t.Errorf("Rewind from a generation the row does not hold: %v, want an error to try again", err)
+		}
+		if _, err := r.Rewind(ctx, student("other", "ctl"), 4); !errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("Rewind of a missing row: %v, want ErrNotFound", err)
+		}
+		if _, err := r.Rewind(ctx, func() registry.Record { x := back; x.Owner = "another"; return x }(), 4); !errors.Is(err, registry.ErrNotOwned) {
+			t.Errorf("Rewind as another owner: %v, want ErrNotOwned", err)
+		}
+		got, err := r.Rewind(ctx, back, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, err := r.Get(ctx, "u1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := back
+		want.CreatedAt, want.UpdatedAt = written.CreatedAt, got.UpdatedAt
+		if diff := cmp.Diff(want, stored); diff != "" {
+			t.Errorf("rewound row (-want +got):\n%s", diff)
+		}
+		h, err := r.History(ctx, back.Namespace, back.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last := h[len(h)-1]; len(h) != 2 || last.Action != registry.ActionUpdated || last.Cause != registry.CauseRegistryAhead || last.Generation != 2 {
+			t.Errorf("history %+v, want the upsert's row and then one updated/%s at generation 2", h, registry.CauseRegistryAhead)
+		}
+		// From there on the row is monotonic again.
+		if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); !errors.Is(err, registry.ErrStale) {
+			t.Errorf("Upsert of generation 1 after the rewind: %v, want ErrStale", err)
+		}
+	})
+
 	t.Run("list by owner", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
 		for _, rec := range []registry.Record{student("b", "ctl"), student("a", "ctl"), student("c", "other")} {

@@ -1,0 +1,150 @@
+package controller
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// TestRegistryAhead: a row at a newer generation than its Student, as after an etcd
+// restore (the rows kept the specs written since the backup; the Students went back
+// to it). The Student on the API server is the desired state: the row follows it, with
+// a Warning Event, the metric and a history row, and nothing is retried for ever.
+func TestRegistryAhead(t *testing.T) {
+	later := start.Add(time.Minute)
+	// ahead is the row the registry holds: three spec changes past the backup.
+	ahead := func(s *studentv1.Student) registry.Record {
+		r := recordOf(owner, s)
+		r.Generation, r.School = 4, "school D"
+		return r
+	}
+	tests := map[string]struct {
+		student *studentv1.Student
+
+		wantRows      map[string]row
+		wantReady     bool // the Student reports Ready=True for its generation
+		wantFinalizer bool
+		wantEvents    []string
+	}{
+		// The restart after the restore: status says Ready at generation 1, the row
+		// holds generation 4. The sync must not trust the status.
+		"restored Student, status Ready": {
+			student:       newStudent("r1", withFinalizer, synced(start)),
+			wantRows:      map[string]row{"uid-r1": {owner, "张三", "深圳中学", 1, later}},
+			wantReady:     true,
+			wantFinalizer: true,
+			wantEvents:    []string{"Warning RegistryAhead"},
+		},
+		// A spec change after the restore (generation 2, still behind the row's 4).
+		"spec change after the restore": {
+			student: newStudent("r1", withFinalizer, synced(start),
+				func(s *studentv1.Student) { s.Generation, s.Spec.School = 2, "school E" }),
+			wantRows:      map[string]row{"uid-r1": {owner, "张三", "school E", 2, later}},
+			wantReady:     true,
+			wantFinalizer: true,
+			wantEvents:    []string{"Warning RegistryAhead"},
+		},
+		// Deleting an Orphan Student: its release was refused as stale, for ever.
+		"Orphan Student deleted": {
+			student:    newStudent("r1", withFinalizer, orphan, synced(start), deleting),
+			wantRows:   map[string]row{"uid-r1": {"", "张三", "深圳中学", 1, later}},
+			wantEvents: []string{"Warning RegistryAhead"},
+		},
+		"Delete Student deleted": {
+			student:  newStudent("r2", withFinalizer, synced(start), deleting),
+			wantRows: map[string]row{},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, tc.student)
+			f.put(ahead(tc.student))
+			f.clock.SetTime(later)
+
+			f.ctrl.queue.Add(keyOf(tc.student))
+			f.ctrl.processNextWorkItem(f.ctx)
+			if n := f.ctrl.queue.NumRequeues(keyOf(tc.student)); n != 0 {
+				t.Errorf("the key was queued again (%d): the sync did not finish", n)
+			}
+			if errs := testutil.ToFloat64(f.metrics.reconcileTotal.WithLabelValues(resultSuccess)); errs != 1 {
+				t.Errorf("successful syncs: %v, want 1", errs)
+			}
+
+			got := map[string]row{}
+			for uid, r := range f.rows() {
+				got[uid] = row{r.Owner, r.StudentName, r.School, r.Generation, r.UpdatedAt}
+			}
+			if diff := cmp.Diff(tc.wantRows, got); diff != "" {
+				t.Errorf("registry rows (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantEvents, f.events()); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			wantAhead := float64(len(tc.wantEvents))
+			if got := testutil.ToFloat64(f.metrics.registryAhead); got != wantAhead {
+				t.Errorf("rows ahead counted: %v, want %v", got, wantAhead)
+			}
+			if wantAhead > 0 {
+				h, err := f.registry.History(f.ctx, tc.student.Namespace, tc.student.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.ContainsFunc(h, func(e registry.HistoryEntry) bool {
+					return e.Action == registry.ActionUpdated && e.Cause == registry.CauseRegistryAhead && e.Generation == tc.student.Generation
+				}) {
+					t.Errorf("no history row %s/%s at generation %d: %+v", registry.ActionUpdated, registry.CauseRegistryAhead, tc.student.Generation, h)
+				}
+			}
+
+			s, err := f.client.BolingcavalryV1().Students(tc.student.Namespace).Get(f.ctx, tc.student.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := slices.Contains(s.Finalizers, Finalizer); got != tc.wantFinalizer {
+				t.Errorf("finalizer present = %v, want %v", got, tc.wantFinalizer)
+			}
+			if tc.wantReady {
+				cond := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady)
+				if cond == nil || cond.Status != metav1.ConditionTrue || cond.ObservedGeneration != s.Generation {
+					t.Errorf("Ready = %+v, want True at generation %d", cond, s.Generation)
+				}
+				if w := s.Status.Registry; w == nil || w.LastWrittenTime == nil || !w.LastWrittenTime.Time.Equal(later) {
+					t.Errorf("status.registry = %+v, want the row written at %v", w, later)
+				}
+			}
+		})
+	}
+
+	// The API server has a newer version of the Student than the cache: this cache
+	// is behind, not the cluster; the row is left as it is and the sync retried.
+	t.Run("cache behind", func(t *testing.T) {
+		s := newStudent("r1", withFinalizer, synced(start))
+		f := newFixture(t, s)
+		f.put(ahead(s))
+		live := f.get("school", "r1")
+		live.ResourceVersion = "2"
+		if _, err := f.client.BolingcavalryV1().Students("school").Update(f.ctx, live, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.ctrl.sync(f.ctx, "school/r1"); !errors.Is(err, errCacheBehind) {
+			t.Fatalf("sync: %v, want errCacheBehind", err)
+		}
+		if r := f.rows()["uid-r1"]; r.Generation != 4 || r.School != "school D" {
+			t.Errorf("row %+v, want it left at generation 4", r)
+		}
+		if got := testutil.ToFloat64(f.metrics.registryAhead); got != 0 {
+			t.Errorf("rows ahead counted: %v, want 0", got)
+		}
+	})
+}
+
+func keyOf(s *studentv1.Student) string { return s.Namespace + "/" + s.Name }
