@@ -12,6 +12,7 @@ import (
 	tracingv1 "k8s.io/component-base/tracing/api/v1"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/registry"
 )
 
 // options are the command-line flags.
@@ -78,9 +79,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.registryURL, "registry", "sqlite:student-registry.db",
 		"The student registry: sqlite:///ABSOLUTE/PATH.db, sqlite:RELATIVE/PATH.db (relative to the working directory), "+
 			"or postgres://USER@HOST:PORT/DATABASE?sslmode=verify-full. Give a PostgreSQL password with --registry-password-file "+
-			"or the REGISTRY_PASSWORD environment variable rather than in the URL, which shows in the process list.")
+			"or the REGISTRY_PASSWORD environment variable: a URL with a password is refused, since it shows in the process list.")
 	fs.StringVar(&o.passwordFile, "registry-password-file", "",
-		"File holding the registry's password (a mounted Secret); overrides REGISTRY_PASSWORD and a password in the URL.")
+		"File holding the registry's password (a mounted Secret); overrides REGISTRY_PASSWORD.")
 	fs.IntVar(&o.maxOpenConns, "registry-max-open-conns", 0, "Most connections open to the registry at once; 0 for the database's default: 4 on SQLite, 10 on PostgreSQL.")
 	fs.IntVar(&o.maxIdleConns, "registry-max-idle-conns", 0, "Most idle connections kept to the registry; 0 for the database's default: 4 on SQLite, 5 on PostgreSQL.")
 	fs.DurationVar(&o.connMaxLifetime, "registry-conn-max-lifetime", 30*time.Minute,
@@ -207,6 +208,11 @@ func (o *options) validate() error {
 	}
 	if o.sweepMaxDeletionPercent < 1 || o.sweepMaxDeletionPercent > 100 {
 		errs = append(errs, fmt.Errorf("--sweep-max-deletion-percent must be within 1 and 100, got %d", o.sweepMaxDeletionPercent))
+	}
+	if registry.HasPassword(o.registryURL) {
+		errs = append(errs, errors.New("--registry holds a password, which would show in the process list, the Pod's spec and "+
+			"the release's values: leave it out of the URL and give it with --registry-password-file (a mounted Secret; the "+
+			"chart's registry.passwordSecret) or the REGISTRY_PASSWORD environment variable"))
 	}
 	sqlite := strings.HasPrefix(o.registryURL, "sqlite:")
 	if sqlite && o.passwordFile != "" {

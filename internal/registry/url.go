@@ -34,6 +34,18 @@ func CheckURL(rawURL string) error {
 	return err
 }
 
+// HasPassword tells whether a registry URL carries a password in its userinfo or
+// its parameters. The controller refuses such a URL: a password there shows in the
+// process list and in the Pod's spec.
+func HasPassword(rawURL string) bool {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return redact(rawURL) != rawURL
+	}
+	_, inUserinfo := u.User.Password()
+	return inUserinfo || u.Query().Has("password")
+}
+
 // parseURL parses a registry URL:
 //
 //	sqlite:///ABSOLUTE/PATH.db   a SQLite file at an absolute path

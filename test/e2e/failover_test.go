@@ -38,7 +38,7 @@ func newReplicatedRegistry(t *testing.T) *replicatedRegistry {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = standby.Close() })
-	u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", pgtest.Password),
+	u := url.URL{Scheme: "postgres", User: url.User("postgres"),
 		Host: fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", primary.Port(), standby.Port()), Path: "/registry", RawQuery: "sslmode=disable"}
 	return &replicatedRegistry{primary: primary, standby: standby, url: u.String()}
 }
@@ -81,7 +81,7 @@ func TestPostgresFailover(t *testing.T) {
 	setUp := func(t *testing.T) (*replicatedRegistry, string) {
 		ns := testenv.Namespace(t, kubeClient(), "e2e-")
 		r := newReplicatedRegistry(t)
-		startProcess(t, "controller", "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
+		startProcessEnv(t, "controller", []string{"REGISTRY_PASSWORD=" + pgtest.Password}, "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 			"--registry", r.url, "--registry-owner", owner, "--sweep-interval", "2s")
 		createMany(t, ns, 5, "before")
 		waitAllReady(t, ns, 5, time.Minute)

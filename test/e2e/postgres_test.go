@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -13,13 +14,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // TestPostgresPasswordNeverShown runs the controller binary on PostgreSQL, with the
-// password given each way it can be (in the URL, in REGISTRY_PASSWORD, in a file),
-// through an outage, at high verbosity: the password shows in no log line and no Event.
+// password given each way it takes one (in REGISTRY_PASSWORD, in a file), through an
+// outage, at high verbosity: the password shows in no log line and no Event. A URL
+// with the password in it is refused at once, and the refusal does not show it either.
 func TestPostgresPasswordNeverShown(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -27,13 +30,26 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 	if err := os.WriteFile(pwFile, []byte(pgtest.Password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	t.Run("in the URL", func(t *testing.T) {
+		db := registrytest.CreateDatabase(t, pg)
+		cmd := exec.Command(ctrlbin.Binary(t), "--registry", pg.URL(db, true), "--kubeconfig", controllerID.Kubeconfig, // #nosec G204 -- the controller built for the test
+			"--registry-owner", owner)
+		out, err := cmd.CombinedOutput()
+		if code := cmd.ProcessState.ExitCode(); code != 2 {
+			t.Errorf("exit code %d (%v), want 2: a password in the URL is refused before anything starts; output:\n%s", code, err, out)
+		}
+		if !strings.Contains(string(out), "--registry-password-file") {
+			t.Errorf("the refusal does not name the way to give the password:\n%s", out)
+		}
+		if strings.Contains(string(out), pgtest.Password) {
+			t.Errorf("the refusal shows the password: %s", lineWith(string(out), pgtest.Password))
+		}
+	})
 	ways := []struct {
-		name  string
-		inURL bool // the password is in the registry URL
-		args  []string
-		env   []string
+		name string
+		args []string
+		env  []string
 	}{
-		{name: "in the URL", inURL: true},
 		{name: "REGISTRY_PASSWORD", env: []string{"REGISTRY_PASSWORD=" + pgtest.Password}},
 		{name: "password file", args: []string{"--registry-password-file", pwFile}},
 	}
@@ -41,7 +57,7 @@ func TestPostgresPasswordNeverShown(t *testing.T) {
 		t.Run(way.name, func(t *testing.T) {
 			db := registrytest.CreateDatabase(t, pg)
 			ns := testenv.Namespace(t, kubeClient(), "e2e-")
-			args := append([]string{"--registry", pg.URL(db, way.inURL), "--kubeconfig", controllerID.Kubeconfig,
+			args := append([]string{"--registry", pg.URL(db, false), "--kubeconfig", controllerID.Kubeconfig,
 				"--namespace", ns, "--registry-owner", owner, "-v", "6"}, way.args...)
 			p := startProcessEnv(t, "controller", way.env, args...)
 
