@@ -7,7 +7,7 @@ SHELL := /usr/bin/env bash
 # which the go command fetches from the Go module proxy when the machine has an older
 # one (go.mod's toolchain line says the same, for machines that follow it). Its fixes
 # to the standard library are what keep govulncheck clean.
-GOTOOLCHAIN ?= go1.26.10
+GOTOOLCHAIN ?= go1.26.11
 export GOTOOLCHAIN
 
 # The build tags of the shipped controller (make build, make image; the tests' and the

@@ -2,7 +2,7 @@ module github.com/student-controller/student-controller
 
 go 1.26.0
 
-toolchain go1.26.10
+toolchain go1.26.11
 
 require (
 	github.com/go-logr/logr v1.4.4

@@ -5,7 +5,7 @@ module github.com/student-controller/student-controller/hack/tools/controlplane
 
 go 1.26.0
 
-toolchain go1.26.10
+toolchain go1.26.11
 
 require go.etcd.io/etcd/server/v3 v3.7.0
 

@@ -5,7 +5,7 @@ module github.com/student-controller/student-controller/hack/tools/helm
 
 go 1.26.0
 
-toolchain go1.26.10
+toolchain go1.26.11
 
 tool helm.sh/helm/v3/cmd/helm
 

@@ -5,7 +5,7 @@ module github.com/student-controller/student-controller/hack/tools/image
 
 go 1.26.0
 
-toolchain go1.26.10
+toolchain go1.26.11
 
 require github.com/google/go-containerregistry v0.22.1
 
