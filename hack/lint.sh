@@ -38,9 +38,10 @@ echo "lint: staticcheck and gosec, hack/tools/image"
 echo "lint: govulncheck (${VULNDB}, $(go env GOVERSION))"
 "${TOOLS}/govulncheck" -db "file://$(module_dir "${VULNDB}")/data/osv" ./...
 
-# The manifests as they are applied: config/default, its PostgreSQL variant and the
-# samples as kustomize renders them, and the Helm chart with its default values.
-for dir in default postgres samples; do
+# The manifests as they are applied: config/default, its PostgreSQL variant, the
+# registry's claim and namespace and the samples as kustomize renders them, and the Helm
+# chart with its default values.
+for dir in namespace registry default postgres samples; do
 	kubectl kustomize "config/${dir}" >"${OUT}/${dir}.yaml"
 done
 echo "lint: helm lint --strict"

@@ -19,9 +19,11 @@
 # 2. The CRD is deleted only when no Student is left in the cluster: another
 #    installation's Students keep it.
 # 3. The controller and the rest are deleted, but for the registry: the SQLite file's
-#    PersistentVolumeClaim (with kustomize, its namespace too) stays, with the rows it
-#    keeps; delete it yourself once they are no longer wanted. (The chart's claim is
-#    kept by Helm: helm.sh/resource-policy: keep.)
+#    PersistentVolumeClaim stays, with the rows it keeps; delete it yourself once they
+#    are no longer wanted. With kustomize the claim and its namespace are config/registry,
+#    which config/default does not hold (and were DIR to hold a claim or a namespace,
+#    this leaves them too); `kubectl delete -k config/registry` deletes them. The
+#    chart's claim is kept by Helm: helm.sh/resource-policy: keep.
 #
 # Deleting everything at once (kubectl delete -k) can remove the controller before its
 # Students: each keeps its finalizer, Terminating, and so do the CRD and the namespaces
@@ -176,6 +178,8 @@ kustomize)
 		kubectl delete -f - --ignore-not-found --wait --timeout="${TIMEOUT}"
 	awk 'BEGIN { RS = "\n---\n" } /(^|\n)kind: PersistentVolumeClaim\n/' <<<"${manifests}" | grep -E '^  (name|namespace):' | paste -sd' ' |
 		sed -E 's/^/uninstall: kept, with the rows it holds: PersistentVolumeClaim /' || true
+	echo "uninstall: left as they are: the namespace and the SQLite registry's claim with its rows (config/namespace,"
+	echo "uninstall: config/registry); kubectl delete -k config/registry deletes them once the rows are no longer wanted"
 	;;
 helm)
 	echo "uninstall: helm uninstall ${release}"

@@ -305,12 +305,14 @@ func TestUninstall(t *testing.T) {
 
 	// The same with kustomize, one installation patched to watch school-a: the CRD stays
 	// for school-b's Students (config/default holds the CRD, and deleting it would take
-	// every Student with it), and so does the registry's claim with its rows.
+	// every Student with it), and so does config/registry's claim with its rows.
 	t.Run("kustomize, one namespace", func(t *testing.T) {
 		u := newUninstallCluster(t)
 		overlay := u.overlay(t, "--namespace=school-a")
-		if out, err := exec.Command("kubectl", "--kubeconfig", u.cp.Kubeconfig, "apply", "-k", overlay).CombinedOutput(); err != nil {
-			t.Fatalf("kubectl apply -k: %v\n%s", err, out)
+		for _, dir := range []string{filepath.Join(u.cp.Root, "config", "registry"), overlay} {
+			if out, err := exec.Command("kubectl", "--kubeconfig", u.cp.Kubeconfig, "apply", "-k", dir).CombinedOutput(); err != nil {
+				t.Fatalf("kubectl apply -k %s: %v\n%s", dir, err, out)
+			}
 		}
 		for _, team := range []string{"a", "b"} {
 			startProcess(t, "controller-"+team, "--kubeconfig", u.cp.Kubeconfig, "--registry", "sqlite://"+u.registry,
@@ -333,6 +335,33 @@ func TestUninstall(t *testing.T) {
 		}
 		if _, err := u.kube.AppsV1().Deployments("student-controller-system").Get(ctx, "student-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("the Deployment after the uninstall: %v", err)
+		}
+	})
+
+	// An operator who deletes what config/default installed, by hand: the registry's
+	// claim and the namespace it lives in (config/registry) stay, rows and all.
+	t.Run("kubectl delete -k config/default keeps the registry", func(t *testing.T) {
+		u := newUninstallCluster(t)
+		kubectl := func(args ...string) {
+			t.Helper()
+			if out, err := exec.Command("kubectl", append([]string{"--kubeconfig", u.cp.Kubeconfig}, args...)...).CombinedOutput(); err != nil { // #nosec G204 -- kubectl with the test's arguments
+				t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+		}
+		kubectl("apply", "-k", filepath.Join(u.cp.Root, "config", "registry"))
+		kubectl("apply", "-k", filepath.Join(u.cp.Root, "config", "default"))
+		kubectl("delete", "-k", filepath.Join(u.cp.Root, "config", "default"), "--wait", "--timeout=2m")
+		ctx := context.Background()
+		if _, err := u.kube.AppsV1().Deployments(controlplane.ControllerNamespace).Get(ctx, "student-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the Deployment after kubectl delete -k config/default: %v, want it gone", err)
+		}
+		claim, err := u.kube.CoreV1().PersistentVolumeClaims(controlplane.ControllerNamespace).Get(ctx, "student-controller-registry", metav1.GetOptions{})
+		if err != nil || claim.DeletionTimestamp != nil {
+			t.Errorf("the registry's claim after kubectl delete -k config/default: %v (deleting: %v), want it kept", err, claim.DeletionTimestamp != nil)
+		}
+		ns, err := u.kube.CoreV1().Namespaces().Get(ctx, controlplane.ControllerNamespace, metav1.GetOptions{})
+		if err != nil || ns.DeletionTimestamp != nil {
+			t.Errorf("the claim's namespace after kubectl delete -k config/default: %v, want it kept", err)
 		}
 	})
 

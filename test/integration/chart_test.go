@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -63,19 +65,28 @@ func TestChartLint(t *testing.T) {
 	}
 }
 
-// TestChartMatchesKustomize: with its default values the chart renders what
-// config/default renders, object for object, but for what differs by design: the
-// chart leaves the Namespace to `helm install --create-namespace`, labels its objects
-// (and so selects its Pods) with the release too, and names an image tag where the
-// kustomize manifests have a placeholder to set.
+// TestChartMatchesKustomize: with its default values the chart renders what a
+// kustomize install applies (config/registry, the claim and its namespace, then
+// config/default), object for object, but for what differs by design: the chart
+// leaves the Namespace to `helm install --create-namespace`, labels its objects (and so
+// selects its Pods) with the release too, and names an image tag where the kustomize
+// manifests have a placeholder to set.
 func TestChartMatchesKustomize(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	chart := substance(t, helm(ctx, t, "template", chartRelease, chartDir, "--namespace", chartNS, "--include-crds", "--kube-version", kubeVersion))
-	kustomized, err := exec.CommandContext(ctx, "kubectl", "kustomize", filepath.Join(env.Root, "config", "default")).Output()
-	if err != nil {
-		t.Fatalf("kubectl kustomize config/default: %v", err)
+	kustomize := map[string]map[string]any{}
+	for _, dir := range []string{"registry", "default"} {
+		kustomized, err := exec.CommandContext(ctx, "kubectl", "kustomize", filepath.Join(env.Root, "config", dir)).Output()
+		if err != nil {
+			t.Fatalf("kubectl kustomize config/%s: %v", dir, err)
+		}
+		for key, obj := range substance(t, string(kustomized)) {
+			if _, twice := kustomize[key]; twice {
+				t.Errorf("%s is in config/registry and config/default: deleting config/default would delete it", key)
+			}
+			kustomize[key] = obj
+		}
 	}
-	kustomize := substance(t, string(kustomized))
 	delete(kustomize, "Namespace/"+chartNS)
 	if len(chart) < 10 {
 		t.Fatalf("the chart renders %d objects; expected the whole controller", len(chart))
@@ -268,5 +279,219 @@ func forEachObject(t *testing.T, out []byte, fn func(kind string, decode func(in
 				t.Fatalf("%s: %v", meta.Kind, err)
 			}
 		})
+	}
+}
+
+// helmTemplate renders the chart as release in chartNS with --set values and more
+// arguments for helm (--is-upgrade) first.
+func helmTemplate(ctx context.Context, t *testing.T, release string, more []string, set ...string) []byte {
+	t.Helper()
+	args := append([]string{"template", release, chartDir, "--namespace", chartNS, "--kube-version", kubeVersion}, more...)
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return []byte(helm(ctx, t, args...))
+}
+
+// releaseShape is what a render says about a release's Lease and owner: the
+// controller's flags, and the Lease names its Role lets it read and renew.
+type releaseShape struct {
+	flags     map[string]string
+	leaseRole []string
+	pod       corev1.PodSpec
+}
+
+func shapeOf(t *testing.T, out []byte) releaseShape {
+	t.Helper()
+	r := releaseShape{flags: map[string]string{}}
+	forEachObject(t, out, func(kind string, decode func(into any)) {
+		switch kind {
+		case "Deployment":
+			var d appsv1.Deployment
+			decode(&d)
+			r.pod = d.Spec.Template.Spec
+			for _, arg := range d.Spec.Template.Spec.Containers[0].Args {
+				name, value, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+				r.flags[name] = value
+			}
+		case "Role":
+			var role rbacv1.Role
+			decode(&role)
+			for _, rule := range role.Rules {
+				if slices.Contains(rule.Verbs, "update") {
+					r.leaseRole = append(r.leaseRole, rule.ResourceNames...)
+				}
+			}
+		}
+	})
+	return r
+}
+
+// TestChartReleasesApart: two releases in one namespace have a Lease each (the
+// controller's --leader-elect-id and the name its Role lets it renew) and an owner each,
+// named after the release; the release named student-controller renders as before, with
+// the controller's default owner and no owner flag (config/default has none).
+func TestChartReleasesApart(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	postgres := []string{"replicaCount=2", "leaderElection.enabled=true",
+		"registry.url=postgres://student_controller@db/students", "registry.passwordSecret.name=student-registry"}
+	tests := map[string]struct {
+		release string
+		set     []string
+		lease   string
+		owner   string // "" for no --registry-owner flag
+	}{
+		"the default release": {release: chartRelease, set: postgres, lease: "student-controller"},
+		"team-a":              {release: "team-a", set: postgres, lease: "team-a-student-controller", owner: "team-a-student-controller"},
+		"team-b":              {release: "team-b", set: postgres, lease: "team-b-student-controller", owner: "team-b-student-controller"},
+		"a name holding the chart's": {release: "student-controller-blue", set: postgres,
+			lease: "student-controller-blue", owner: "student-controller-blue"},
+		"an owner given": {release: "team-c", set: append([]string{"registry.owner=registry-c"}, postgres...),
+			lease: "team-c-student-controller", owner: "registry-c"},
+	}
+	leases, owners := map[string]string{}, map[string]string{}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			r := shapeOf(t, helmTemplate(ctx, t, tc.release, nil, tc.set...))
+			if _, on := r.flags["leader-elect"]; !on || r.flags["leader-elect-id"] != tc.lease {
+				t.Errorf("flags %v: want --leader-elect --leader-elect-id=%s", r.flags, tc.lease)
+			}
+			if diff := cmp.Diff([]string{tc.lease}, r.leaseRole); diff != "" {
+				t.Errorf("the Lease the Role lets the controller renew (-want +got):\n%s", diff)
+			}
+			owner, given := r.flags["registry-owner"]
+			if tc.owner == "" && given || tc.owner != "" && owner != tc.owner {
+				t.Errorf("--registry-owner=%q (given: %v), want %q (\"\" for none: the controller's default)", owner, given, tc.owner)
+			}
+			leases[name], owners[name] = r.flags["leader-elect-id"], owner
+		})
+	}
+	if leases["team-a"] == leases["team-b"] || owners["team-a"] == owners["team-b"] {
+		t.Errorf("two releases in one namespace share a Lease or an owner: Leases %v, owners %v", leases, owners)
+	}
+
+	// Without leader election no Lease flag (the controller refuses --leader-elect-id
+	// without --leader-elect), and the Role still names the release's Lease.
+	r := shapeOf(t, helmTemplate(ctx, t, "team-a", nil))
+	if id, set := r.flags["leader-elect-id"]; set {
+		t.Errorf("--leader-elect-id=%s without leader election", id)
+	}
+	if diff := cmp.Diff([]string{"team-a-student-controller"}, r.leaseRole); diff != "" {
+		t.Errorf("the Lease the Role names without leader election (-want +got):\n%s", diff)
+	}
+	if got := r.flags["registry-owner"]; got != "team-a-student-controller" {
+		t.Errorf("a fresh install of team-a: --registry-owner=%q, want team-a-student-controller", got)
+	}
+
+	// An upgrade with the owner given renders; so does one of the release named
+	// student-controller, whose owner does not change.
+	r = shapeOf(t, helmTemplate(ctx, t, "team-a", []string{"--is-upgrade"}, "registry.owner=student-controller"))
+	if got := r.flags["registry-owner"]; got != "student-controller" {
+		t.Errorf("an upgrade of team-a keeping the old owner: --registry-owner=%q, want student-controller", got)
+	}
+	r = shapeOf(t, helmTemplate(ctx, t, chartRelease, []string{"--is-upgrade"}))
+	if owner, given := r.flags["registry-owner"]; given {
+		t.Errorf("an upgrade of %s: --registry-owner=%s, want none", chartRelease, owner)
+	}
+}
+
+// TestChartRefuses: values that would install something broken or unsafe fail to
+// render, and the message says what to do instead (and shows no password).
+func TestChartRefuses(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	shared := []string{"leaderElection.enabled=true", "replicaCount=2", "registry.sqliteSharedFile=true"}
+	tests := map[string]struct {
+		release string
+		more    []string
+		set     []string
+		want    string
+	}{
+		"sqliteSharedFile without leader election": {
+			set:  []string{"registry.sqliteSharedFile=true"},
+			want: "registry.sqliteSharedFile without leaderElection.enabled",
+		},
+		"sqliteSharedFile with PostgreSQL": {
+			set:  []string{"registry.sqliteSharedFile=true", "registry.url=postgres://student_controller@db/students"},
+			want: "registry.sqliteSharedFile with a registry that is not SQLite",
+		},
+		"affinity over sqliteSharedFile's": {
+			set:  append([]string{"affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=zone"}, shared...),
+			want: "affinity with registry.sqliteSharedFile",
+		},
+		"a spread over nodes with sqliteSharedFile": {
+			set:  append([]string{"topologySpreadConstraints[0].topologyKey=kubernetes.io/hostname", "topologySpreadConstraints[0].maxSkew=1"}, shared...),
+			want: "topologySpreadConstraints with registry.sqliteSharedFile",
+		},
+		"a password in the URL": {
+			set:  []string{"registry.url=postgres://student_controller:s3cret@db/students"},
+			want: "registry.passwordSecret.name",
+		},
+		"a password in the URL's query": {
+			set:  []string{"registry.url=postgres://student_controller@db/students?sslmode=verify-full&password=s3cret"},
+			want: "registry.passwordSecret.name",
+		},
+		"an upgrade that would change the owner": {
+			release: "team-a",
+			more:    []string{"--is-upgrade"},
+			want:    "Set registry.owner explicitly: student-controller to keep writing those rows, or team-a-student-controller once",
+		},
+		"a Lease name in extraArgs": {
+			set:  []string{"leaderElection.enabled=true", "registry.url=postgres://student_controller@db/students", "extraArgs={--leader-elect-id=other}"},
+			want: "--leader-elect-id in extraArgs",
+		},
+		"an owner in extraArgs": {
+			set:  []string{"extraArgs={--registry-owner=other}"},
+			want: "set registry.owner rather than --registry-owner in extraArgs",
+		},
+	}
+	bin := filepath.Join(env.Root, "bin", "tools", "helm")
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			release := tc.release
+			if release == "" {
+				release = chartRelease
+			}
+			args := append([]string{"template", release, chartDir, "--namespace", chartNS, "--kube-version", kubeVersion}, tc.more...)
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			cmd := exec.CommandContext(ctx, bin, args...)
+			cmd.Dir = env.Root
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tc.want) {
+				t.Errorf("helm %s: %v, %s; want a refusal saying %q", strings.Join(args, " "), err, out, tc.want)
+			}
+			if strings.Contains(string(out), "s3cret") {
+				t.Errorf("the refusal shows the password:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestChartSharedSQLiteFile: replicas on one SQLite file run on one node: a required
+// affinity to the release's own Pods on kubernetes.io/hostname (which the first Pod
+// meets by matching itself), and no spreading.
+func TestChartSharedSQLiteFile(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	r := shapeOf(t, helmTemplate(ctx, t, "team-a", nil, "leaderElection.enabled=true", "replicaCount=2", "registry.sqliteSharedFile=true"))
+	for _, flag := range []string{"leader-elect", "sqlite-shared-file"} {
+		if _, on := r.flags[flag]; !on {
+			t.Errorf("flags %v lack --%s", r.flags, flag)
+		}
+	}
+	a := r.pod.Affinity
+	if a == nil || a.PodAffinity == nil {
+		t.Fatalf("affinity %+v: want a required podAffinity", a)
+	}
+	want := []corev1.PodAffinityTerm{{
+		TopologyKey: "kubernetes.io/hostname",
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
+			"app.kubernetes.io/name": "student-controller", "app.kubernetes.io/instance": "team-a"}},
+	}}
+	if diff := cmp.Diff(want, a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution); diff != "" {
+		t.Errorf("the required podAffinity (-want +got):\n%s", diff)
+	}
+	if a.PodAntiAffinity != nil || a.NodeAffinity != nil || len(r.pod.TopologySpreadConstraints) > 0 {
+		t.Errorf("affinity %+v, spread %+v: want nothing that spreads the replicas over nodes", a, r.pod.TopologySpreadConstraints)
 	}
 }

@@ -23,8 +23,9 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv"
 )
 
-// TestDeployDryRun: the API server accepts everything in config/default, config/postgres
-// and config/samples, with strict field validation (kubectl's default): an unknown or
+// TestDeployDryRun: the API server accepts everything in config/registry (the claim and
+// its namespace), config/default, config/postgres and config/samples, with strict field
+// validation (kubectl's default): an unknown or
 // misspelt field fails it, as the schemas of this release say. (A server-side
 // dry run persists nothing, so the namespace it creates must exist for the objects in
 // it to be checked: it is created first, as a real first apply would have it.)
@@ -34,7 +35,8 @@ func TestDeployDryRun(t *testing.T) {
 	if err := testenv.EnsureNamespace(ctx, c.kube, "student-controller-system"); err != nil {
 		t.Fatal(err)
 	}
-	out := kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "default"))
+	out := kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "registry"))
+	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "default"))
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "postgres"))
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "samples"))
 	for _, want := range []string{
@@ -48,6 +50,7 @@ func TestDeployDryRun(t *testing.T) {
 		"clusterrole.rbac.authorization.k8s.io/student-controller",
 		"role.rbac.authorization.k8s.io/student-controller-leader-election",
 		"serviceaccount/student-controller",
+		"persistentvolumeclaim/student-controller-registry",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run output lacks %s:\n%s", want, out)
@@ -56,8 +59,9 @@ func TestDeployDryRun(t *testing.T) {
 }
 
 // TestDeploymentShape: what config/default asks of the cluster: one replica whose SQLite
-// registry lives on a PersistentVolumeClaim (a volume that outlives the Pod), replaced
-// by Recreate, probes, resources and a restricted security context; RBAC limited to what
+// registry lives on config/registry's PersistentVolumeClaim (a volume that outlives the
+// Pod, and config/default: it holds neither the claim nor its namespace), replaced by
+// Recreate, probes, resources and a restricted security context; RBAC limited to what
 // the controller uses.
 func TestDeploymentShape(t *testing.T) {
 	out, err := exec.CommandContext(context.Background(), "kubectl", "kustomize", filepath.Join(env.Root, "config", "default")).Output()
@@ -68,6 +72,7 @@ func TestDeploymentShape(t *testing.T) {
 	var clusterRules []rbacv1.PolicyRule
 	var roles []rbacv1.Role
 	claims := map[string]bool{}
+	var namespaces []string
 	decoder := yaml.NewYAMLReader(bufioReader(out))
 	for {
 		doc, err := decoder.Read()
@@ -104,11 +109,33 @@ func TestDeploymentShape(t *testing.T) {
 				t.Fatal(err)
 			}
 			claims[c.Name] = true
+		case "Namespace":
+			var ns corev1.Namespace
+			if err := sigsyaml.UnmarshalStrict(doc, &ns); err != nil {
+				t.Fatal(err)
+			}
+			namespaces = append(namespaces, ns.Name)
 		}
 	}
 	if deploy == nil {
 		t.Fatal("config/default has no Deployment")
 	}
+	// `kubectl delete -k config/default` must leave the registry: its claim, and the
+	// namespace whose deletion would take the claim with it.
+	if len(claims) > 0 || len(namespaces) > 0 {
+		t.Errorf("config/default holds the claims %v and the namespaces %v: deleting it would delete the registry", claims, namespaces)
+	}
+	registry, err := exec.CommandContext(context.Background(), "kubectl", "kustomize", filepath.Join(env.Root, "config", "registry")).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize config/registry: %v", err)
+	}
+	forEachObject(t, registry, func(kind string, decode func(into any)) {
+		if kind == "PersistentVolumeClaim" {
+			var c corev1.PersistentVolumeClaim
+			decode(&c)
+			claims[c.Name] = true
+		}
+	})
 	if deploy.Spec.Replicas == nil || *deploy.Spec.Replicas != 1 || deploy.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
 		t.Errorf("replicas = %v, strategy %q: want 1 and Recreate (a SQLite file has one writer)", deploy.Spec.Replicas, deploy.Spec.Strategy.Type)
 	}

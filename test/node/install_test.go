@@ -43,13 +43,15 @@ func TestHelmInstall(t *testing.T) {
 	assertUninstalled(t, out)
 }
 
-// TestKustomizeInstall: the same with `kubectl apply -k config/default`, its image set
-// the way docs/operating.md says (kustomize edit set image).
+// TestKustomizeInstall: the same with `kubectl apply -k config/registry` (the namespace
+// and the claim) and `kubectl apply -k config/default`, its image set the way
+// docs/operating.md says (kustomize edit set image).
 func TestKustomizeInstall(t *testing.T) {
 	dir := overlay(t, "config/default", "")
 	cleanupInstall(t, "kustomize", dir)
+	run(t, "kubectl", "apply", "-k", "config/registry")
 	run(t, "kubectl", "apply", "-k", dir)
-	// config/default's namespace enforces restricted Pod Security itself.
+	// config/registry's namespace enforces restricted Pod Security itself.
 	ns, err := kube.CoreV1().Namespaces().Get(context.Background(), systemNamespace, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
