@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,8 +15,9 @@ import (
 )
 
 const registryUsage = `Usage:
-  student-controller registry move-cluster --registry URL --registry-owner OWNER --from CLUSTER [--kubeconfig FILE]
-  student-controller registry rename-owner --registry URL --registry-owner OWNER --to NEW
+  student-controller registry move-cluster --registry URL --registry-owner OWNER --from CLUSTER [--kubeconfig FILE] [--migrate]
+  student-controller registry rename-owner --registry URL --registry-owner OWNER --to NEW [--migrate]
+  student-controller registry backup --registry URL --to FILE
 
 move-cluster binds an owner's rows to the cluster that --kubeconfig reaches, where the
 registry binds them to CLUSTER now (the UID that the refusing controller printed). A
@@ -26,13 +28,19 @@ rename-owner gives every row of OWNER, and its cluster binding, to NEW, which mu
 nothing yet; then start the controller with --registry-owner NEW. Stop the
 controllers of OWNER first: the rows they own are no longer theirs afterwards.
 
-Both print what they change, and change nothing else.
+Both print what they change, and change nothing else. A registry whose schema is older
+than this program's is refused unless --migrate says to migrate it first: controllers
+of the older version then refuse the registry, so stop them first.
+
+backup copies a SQLite registry to FILE, which must not exist, while controllers go on
+writing: rows and history of one moment. It changes nothing. A PostgreSQL registry is
+backed up with pg_dump (docs/operating.md, "Backup and restore").
 `
 
 // registryCommand runs "student-controller registry ...": explicit, one-off changes to
 // what the registry records about its owners. It returns the process's exit code.
 func registryCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner") {
+	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner" && args[0] != "backup") {
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	}
@@ -41,19 +49,25 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	var opts options
 	opts.addFlags(fs)
 	from := fs.String("from", "", "move-cluster: the cluster the owner is bound to now (a kube-system namespace UID).")
-	to := fs.String("to", "", "rename-owner: the owner's new name.")
+	to := fs.String("to", "", "rename-owner: the owner's new name; backup: the file to write.")
+	migrate := fs.Bool("migrate", false, "move-cluster, rename-owner: migrate a registry whose schema is older than this program's first.")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
 	var err error
 	switch {
-	case opts.owner == "" || fs.NArg() > 0:
+	case fs.NArg() > 0:
+		fmt.Fprint(stderr, registryUsage)
+		return 2
+	case args[0] == "backup" && *to != "" && !*migrate:
+		err = backup(ctx, opts, *to, stdout)
+	case opts.owner == "":
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	case args[0] == "move-cluster" && *from != "":
-		err = moveCluster(ctx, opts, *from, stdout)
+		err = moveCluster(ctx, opts, *from, *migrate, stdout)
 	case args[0] == "rename-owner" && *to != "":
-		err = renameOwner(ctx, opts, *to, stdout)
+		err = renameOwner(ctx, opts, *to, *migrate, stdout)
 	default:
 		fmt.Fprint(stderr, registryUsage)
 		return 2
@@ -65,10 +79,10 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	return 0
 }
 
-func renameOwner(ctx context.Context, opts options, to string, stdout io.Writer) error {
+func renameOwner(ctx context.Context, opts options, to string, migrate bool, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{Password: opts.registryPassword()})
+	reg, err := openForCommand(ctx, opts, migrate)
 	if err != nil {
 		return err
 	}
@@ -81,7 +95,7 @@ func renameOwner(ctx context.Context, opts options, to string, stdout io.Writer)
 	return nil
 }
 
-func moveCluster(ctx context.Context, opts options, from string, stdout io.Writer) error {
+func moveCluster(ctx context.Context, opts options, from string, migrate bool, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
@@ -96,7 +110,7 @@ func moveCluster(ctx context.Context, opts options, from string, stdout io.Write
 	if err != nil {
 		return err
 	}
-	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{Password: opts.registryPassword()})
+	reg, err := openForCommand(ctx, opts, migrate)
 	if err != nil {
 		return err
 	}
@@ -107,5 +121,26 @@ func moveCluster(ctx context.Context, opts options, from string, stdout io.Write
 		return err
 	}
 	fmt.Fprintf(stdout, "owner %q is bound to cluster %s since %s\n", b.Owner, b.Cluster, b.BoundAt.Format(time.RFC3339))
+	return nil
+}
+
+// openForCommand opens the registry for a subcommand that writes: its schema as it is,
+// unless migrate says to bring it up to this program's.
+func openForCommand(ctx context.Context, opts options, migrate bool) (*registry.Registry, error) {
+	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{Password: opts.registryPassword(), KeepSchema: !migrate})
+	if errors.Is(err, registry.ErrSchemaOlder) {
+		return nil, fmt.Errorf("%w. Nothing was changed. Run it again with --migrate to migrate the schema first; "+
+			"controllers of the older version refuse the registry afterwards, so stop them first", err)
+	}
+	return reg, err
+}
+
+// backup copies a SQLite registry to the new file to, and says what the copy holds.
+func backup(ctx context.Context, opts options, to string, stdout io.Writer) error {
+	c, err := registry.Backup(ctx, opts.registryURL, to)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "registry %s: backed up to %s (%d rows, %d history rows)\n", displayURL(opts.registryURL), c.Path, c.Rows, c.History)
 	return nil
 }

@@ -75,6 +75,7 @@ func openReadOnly(ctx context.Context, opts options, kubeClient kubernetes.Inter
 type readOnlyRegistry interface {
 	Get(ctx context.Context, uid string) (registry.Record, error)
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	CheckSchema(ctx context.Context) error
 	String() string
 }
 
@@ -89,6 +90,8 @@ func (noSchema) Get(context.Context, string) (registry.Record, error) {
 func (noSchema) List(context.Context, string) ([]registry.Record, []registry.MalformedRow, error) {
 	return nil, nil, nil
 }
+
+func (noSchema) CheckSchema(context.Context) error { return nil }
 
 func (n noSchema) String() string { return n.display + " (no schema yet)" }
 

@@ -55,6 +55,9 @@ type Registry interface {
 type rowReader interface {
 	Get(ctx context.Context, uid string) (registry.Record, error)
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	// CheckSchema returns registry.ErrSchemaNewer once a newer program migrated the
+	// registry: this one must not write to it any more.
+	CheckSchema(ctx context.Context) error
 }
 
 // Config tunes a Controller. Owner is required; zero values elsewhere take defaults.
@@ -293,7 +296,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 				start := time.Now()
 				result, err := c.Sweep(ctx)
 				c.cfg.Metrics.observeSweep(result, err, time.Since(start))
-				if errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrFenced) {
+				if stopsWork(err) {
 					c.stop(err)
 					return
 				}
@@ -313,10 +316,17 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	c.queue.ShutDown()
 	wg.Wait()
 	logger.Info("Controller stopped")
-	if err := context.Cause(ctx); errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrFenced) {
+	if err := context.Cause(ctx); stopsWork(err) {
 		return err
 	}
 	return nil
+}
+
+// stopsWork tells the errors that leave this controller nothing to do: the owner moved
+// to another cluster, another controller took over its writes, or a newer program
+// migrated the registry's schema.
+func stopsWork(err error) bool {
+	return errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrFenced) || errors.Is(err, registry.ErrSchemaNewer)
 }
 
 // historyPruneInterval is how often the history is pruned to Config.HistoryRetention.

@@ -82,6 +82,11 @@ type SweepResult struct {
 // cache has synced.
 func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	logger := klog.FromContext(ctx)
+	// A controller of a newer version may have migrated the schema since this one
+	// started (a rolling update, a second install): this one stops writing.
+	if err := c.rows.CheckSchema(ctx); err != nil {
+		return SweepResult{}, fmt.Errorf("sweep: %w", err)
+	}
 	if c.cfg.Cluster != "" {
 		// The owner may have been moved to another cluster while this one ran.
 		if err := c.write.bind(ctx, c.cfg.Owner, c.cfg.Cluster); err != nil {

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -268,3 +269,19 @@ func TestSweepOtherCluster(t *testing.T) {
 }
 
 var cmpSorted = cmpopts.SortSlices(func(a, b string) bool { return a < b })
+
+// TestSweepStopsOnNewerSchema: once a controller of a newer version has migrated the
+// registry (a rolling update, a second install), this one's sweep stops it: Run ends
+// with ErrSchemaNewer, before the sweep reads or writes a row.
+func TestSweepStopsOnNewerSchema(t *testing.T) {
+	f := newFixture(t, newStudent("a", withFinalizer, synced(start)))
+	if _, err := f.rawDB().Exec(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, '0999_future.sql', '2026-12-03 00:00:00')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ctrl.Sweep(f.ctx); !errors.Is(err, registry.ErrSchemaNewer) {
+		t.Fatalf("Sweep: %v, want ErrSchemaNewer", err)
+	}
+	if !stopsWork(fmt.Errorf("sweep: %w", registry.ErrSchemaNewer)) {
+		t.Error("ErrSchemaNewer does not stop the controller's work")
+	}
+}

@@ -170,8 +170,8 @@ func checkSchema(ctx context.Context, db *sql.DB, d *dialect) error {
 	case v > latest:
 		return fmt.Errorf("the registry's schema is at version %d, newer than this controller knows (%d): run a newer controller: %w", v, latest, ErrSchemaNewer)
 	case v < latest:
-		return fmt.Errorf("the registry's schema is at version %d, older than this controller's (%d), which migrates it when it starts; "+
-			"what only reads (plan, --dry-run) reads a registry this controller's version has migrated: %w", v, latest, ErrSchemaOlder)
+		return fmt.Errorf("the registry's schema is at version %d, older than this program's (%d), and is not migrated here: "+
+			"a controller of this version migrates it when it starts to write: %w", v, latest, ErrSchemaOlder)
 	}
 	return nil
 }

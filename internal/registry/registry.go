@@ -36,8 +36,8 @@ var (
 	ErrOtherCluster = errors.New("the registry owner belongs to another cluster")
 	// ErrSchemaNewer: the registry's schema is newer than this program knows.
 	ErrSchemaNewer = errors.New("registry schema newer than this controller")
-	// ErrSchemaOlder: a registry opened read-only has a schema older than this
-	// program's, which only a writing controller migrates.
+	// ErrSchemaOlder: a registry opened read-only or with KeepSchema has a schema
+	// older than this program's, which it does not migrate.
 	ErrSchemaOlder = errors.New("registry schema older than this controller")
 	// ErrNoSchema: a registry opened read-only has no schema yet (a new database, or
 	// a SQLite file not yet made): it holds no rows, and the controller makes the
@@ -108,6 +108,11 @@ type Options struct {
 	// requires the schema this program migrates to: ErrNoSchema when there is none yet
 	// (a missing SQLite file is not made). For what only reads: plan, --dry-run.
 	ReadOnly bool
+	// KeepSchema opens a registry that may write without changing its schema: one
+	// older than this program's is refused with ErrSchemaOlder, none with ErrNoSchema
+	// (a missing SQLite file is not made). The registry subcommands change the schema
+	// only when asked (--migrate).
+	KeepSchema bool
 }
 
 // MalformedRow is an owned row that List could not read and left out.
@@ -220,12 +225,12 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	if !slices.Contains(sql.Drivers(), src.dialect.driver) {
 		return nil, fmt.Errorf("open registry %s: database/sql driver %q is not registered in this program", src.display, src.dialect.driver)
 	}
-	if opts.ReadOnly {
-		if src.dialect == sqlite {
-			if _, err := os.Stat(src.path); errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("open registry %s: %w (the file does not exist)", src.display, ErrNoSchema)
-			}
+	if (opts.ReadOnly || opts.KeepSchema) && src.dialect == sqlite {
+		if _, err := os.Stat(src.path); errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("open registry %s: %w (the file does not exist)", src.display, ErrNoSchema)
 		}
+	}
+	if opts.ReadOnly {
 		src = src.readOnly()
 	}
 	db, err := openDB(src, opts.Password)
@@ -249,7 +254,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	if err := ping(ctx, db, src.dialect); err != nil {
 		return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
 	}
-	if opts.ReadOnly {
+	if opts.ReadOnly || opts.KeepSchema {
 		if err := checkSchema(ctx, db, src.dialect); err != nil {
 			return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
 		}
@@ -314,6 +319,16 @@ func (r *Registry) Close() error {
 		}
 	}
 	return errors.Join(append(errs, r.db.Close())...)
+}
+
+// CheckSchema reports whether the registry's schema is still the one this program
+// knows: ErrSchemaNewer once a newer program has migrated it, which this one must not
+// write to.
+func (r *Registry) CheckSchema(ctx context.Context) error {
+	if err := checkSchema(ctx, r.db, r.dialect); err != nil && !errors.Is(err, ErrSchemaOlder) {
+		return fmt.Errorf("registry %s: %w", r.display, err)
+	}
+	return nil
 }
 
 // Ping reports whether the database answers.

@@ -833,7 +833,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if _, err := db.Exec(`DELETE FROM schema_migrations WHERE version = $1`, latest); err != nil {
 			t.Fatal(err)
 		}
-		if r, err := readOnly(); err == nil || !strings.Contains(err.Error(), "older than this controller's") {
+		if r, err := readOnly(); err == nil || !strings.Contains(err.Error(), "older than this program's") {
 			if r != nil {
 				r.Close()
 			}

@@ -105,13 +105,7 @@ func parseSQLite(raw string) (source, error) {
 func (src source) readOnly() source {
 	switch src.dialect {
 	case sqlite:
-		q := url.Values{}
-		q.Set("mode", "ro")
-		q.Set("_time_format", "datetime")
-		q.Set("_timezone", "UTC")
-		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeout.Milliseconds()))
-		q.Add("_pragma", "query_only(1)")
-		src.dsn = "file:" + src.path + "?" + q.Encode()
+		src.dsn = sqliteReadOnlyDSN(src.path, true)
 	case postgres:
 		// pgx tells read-write by asking transaction_read_only, which is now on in
 		// every session: the primary is the server not in recovery.
@@ -123,6 +117,21 @@ func (src source) readOnly() source {
 		src.withPassword = func(password string) string { return readOnly(withPassword(password)) }
 	}
 	return src
+}
+
+// sqliteReadOnlyDSN opens the file at path read-only (mode=ro), and with queryOnly
+// refuses every write too; without it a backup may write its copy elsewhere (VACUUM
+// INTO), which query_only refuses.
+func sqliteReadOnlyDSN(path string, queryOnly bool) string {
+	q := url.Values{}
+	q.Set("mode", "ro")
+	q.Set("_time_format", "datetime")
+	q.Set("_timezone", "UTC")
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeout.Milliseconds()))
+	if queryOnly {
+		q.Add("_pragma", "query_only(1)")
+	}
+	return "file:" + path + "?" + q.Encode()
 }
 
 // withParams sets query parameters (key, value, ...) of a URL that parsePostgres made.

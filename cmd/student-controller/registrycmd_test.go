@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/student-controller/student-controller/internal/registry"
+)
+
+// TestRegistryCommandsKeepTheSchema: rename-owner changes no schema unasked. On a
+// registry of the schema before this program's it refuses, saying --migrate, and
+// changes nothing; with --migrate it migrates, then renames.
+func TestRegistryCommandsKeepTheSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "registry.db")
+	url := "sqlite://" + path
+	r, err := registry.Open(ctx, url, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Upsert(ctx, registry.Record{UID: "u1", Namespace: "default", Name: "a", StudentName: "张三", School: "深圳中学", Owner: "old", Generation: 1},
+		registry.Why{Cause: registry.CauseNewStudent}); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// The schema before the history (migration 4).
+	if _, err := db.Exec(`DROP TABLE student_history; DELETE FROM schema_migrations WHERE version = 4`); err != nil {
+		t.Fatal(err)
+	}
+	state := func() (version int, owner string) {
+		t.Helper()
+		if err := db.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&version); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.QueryRow(`SELECT owner FROM students WHERE uid = 'u1'`).Scan(&owner); err != nil {
+			t.Fatal(err)
+		}
+		return version, owner
+	}
+
+	args := []string{"rename-owner", "--registry", url, "--registry-owner", "old", "--to", "new"}
+	var stdout, stderr bytes.Buffer
+	if code := registryCommand(ctx, args, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "--migrate") {
+		t.Errorf("rename-owner on an older schema: exit %d, %q; want 1 and a word of --migrate", code, stderr.String())
+	}
+	if version, owner := state(); version != 3 || owner != "old" {
+		t.Errorf("after the refusal: schema %d, owner %q; want 3 and old, unchanged", version, owner)
+	}
+
+	stdout.Reset()
+	stderr.Reset()
+	if code := registryCommand(ctx, append(args, "--migrate"), &stdout, &stderr); code != 0 {
+		t.Fatalf("rename-owner --migrate: exit %d: %s", code, stderr.String())
+	}
+	if version, owner := state(); version != 4 || owner != "new" {
+		t.Errorf("after rename-owner --migrate: schema %d, owner %q; want 4 and new", version, owner)
+	}
+
+	// backup copies whatever schema it finds, and says what the copy holds.
+	stdout.Reset()
+	to := filepath.Join(t.TempDir(), "backup.db")
+	if code := registryCommand(ctx, []string{"backup", "--registry", url, "--to", to}, &stdout, &stderr); code != 0 ||
+		!strings.Contains(stdout.String(), "(1 rows, 1 history rows)") {
+		t.Errorf("backup: exit %d, %q (%s); want 0 and what the copy holds", code, stdout.String(), stderr.String())
+	}
+}

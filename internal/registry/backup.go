@@ -1,0 +1,79 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Copy is what a backup holds.
+type Copy struct {
+	// Path is the backup's file, absolute.
+	Path string
+	// Rows and History count its students and student_history rows.
+	Rows, History int64
+}
+
+// Backup copies the SQLite registry at rawURL to the new file path: its rows,
+// history, bindings and fences as of one moment, whatever its schema's version, taken
+// while controllers go on writing (VACUUM INTO reads one snapshot and blocks no
+// writer). It only reads the registry. The copy is a registry file like any other: a
+// restore puts it in place of the registry's file while no controller runs. A
+// PostgreSQL registry is backed up with pg_dump.
+func Backup(ctx context.Context, rawURL, path string) (Copy, error) {
+	src, err := parseURL(rawURL)
+	if err != nil {
+		return Copy{}, err
+	}
+	if src.dialect != sqlite {
+		return Copy{}, fmt.Errorf("back up registry %s: a PostgreSQL registry is backed up with pg_dump (docs/operating.md, \"Backup and restore\")", src.display)
+	}
+	if _, err := os.Stat(src.path); err != nil {
+		return Copy{}, fmt.Errorf("back up registry %s: %w", src.display, err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return Copy{}, fmt.Errorf("back up registry %s: %w", src.display, err)
+	}
+	if _, err := os.Lstat(abs); !errors.Is(err, os.ErrNotExist) {
+		return Copy{}, fmt.Errorf("back up registry %s: %s exists already; give a new file", src.display, abs)
+	}
+	src.dsn = sqliteReadOnlyDSN(src.path, false)
+	db, err := openDB(src, nil)
+	if err != nil {
+		return Copy{}, fmt.Errorf("back up registry %s: %w", src.display, err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `VACUUM INTO $1`, abs); err != nil {
+		if rmErr := os.Remove(abs); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			err = errors.Join(err, rmErr)
+		}
+		return Copy{}, fmt.Errorf("back up registry %s to %s: %w", src.display, abs, err)
+	}
+	return countCopy(ctx, abs)
+}
+
+// countCopy reads back the backup at path: how many rows and history rows it holds.
+func countCopy(ctx context.Context, path string) (Copy, error) {
+	c := Copy{Path: path}
+	db, err := openDB(source{dialect: sqlite, path: path, dsn: sqliteReadOnlyDSN(path, true)}, nil)
+	if err != nil {
+		return c, fmt.Errorf("read the backup %s back: %w", path, err)
+	}
+	defer db.Close()
+	for table, n := range map[string]*int64{"students": &c.Rows, "student_history": &c.History} {
+		var exists bool
+		if err := db.QueryRowContext(ctx, sqlite.tableExists, table).Scan(&exists); err != nil {
+			return c, fmt.Errorf("read the backup %s back: %w", path, err)
+		}
+		if !exists {
+			continue // a registry from before the history
+		}
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+table).Scan(n); err != nil { // #nosec G202 -- one of two table names above
+			return c, fmt.Errorf("read the backup %s back: %w", path, err)
+		}
+	}
+	return c, nil
+}
