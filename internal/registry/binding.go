@@ -115,8 +115,9 @@ func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, err
 	// without the history).
 	if writeHistory {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO student_history
-			(at, uid, namespace, name, student_name, school, generation, action, owner, cause, actor)
-			SELECT $1, CAST(uid AS TEXT), namespace, name, student_name, school, generation, $2, owner, $3, $4
+			(at, uid, namespace, name, student_name, school, generation, action, owner, cause, actor, deletion_policy)
+			SELECT $1, CAST(uid AS TEXT), namespace, name, student_name, school, generation, $2, owner, $3, $4,
+				CASE WHEN deletion_policy IN ('Delete', 'Orphan') THEN deletion_policy END
 			FROM students WHERE owner = $5 AND CAST(uid AS TEXT) <> ''`,
 			r.now().UTC(), ActionAdopted, CauseOwnerMove, r.actor, to); err != nil {
 			return 0, fmt.Errorf("rename owner: write the history: %w", err)

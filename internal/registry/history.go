@@ -37,6 +37,9 @@ const (
 	CauseStaleCache = "stale-cache"
 	// CauseOwnerMove: the owner mark was renamed (student-controller registry rename-owner).
 	CauseOwnerMove = "owner-move"
+	// CausePolicyRecorded: a row written before rows recorded their deletion policy
+	// got its Student's (RecordPolicy); nothing else of it changed.
+	CausePolicyRecorded = "policy-recorded"
 	// CauseRegistryAhead: the row held a newer generation than the Student the API
 	// server returns (the cluster went back in time: an etcd restore); it follows the
 	// Student again (Rewind).
@@ -66,34 +69,40 @@ type HistoryEntry struct {
 	Owner       string
 	Cause       string
 	Actor       string
+	// DeletionPolicy is the policy the write left the row with; empty where unknown.
+	DeletionPolicy string
 }
 
 const historyInsertSQL = `INSERT INTO student_history
-	(at, uid, namespace, name, student_name, school, generation, action, owner, cause, actor)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+	(at, uid, namespace, name, student_name, school, generation, action, owner, cause, actor, deletion_policy)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
 
 // entry is a history row about to be written: the values of the students row are
 // taken as the database returned them (any), so that one written past the schema is
 // recorded as it was rather than failing the write.
 type entry struct {
 	uid, action, owner, cause                        string
-	namespace, name, studentName, school, generation any
+	namespace, name, studentName, school, generation, policy any
 }
 
 // entryOf is the history row of a write of rec.
 func entryOf(rec Record, action, cause string) entry {
 	return entry{uid: rec.UID, action: action, owner: rec.Owner, cause: cause,
-		namespace: rec.Namespace, name: rec.Name, studentName: rec.StudentName, school: rec.School, generation: rec.Generation}
+		namespace: rec.Namespace, name: rec.Name, studentName: rec.StudentName, school: rec.School, generation: rec.Generation,
+		policy: policyValue(rec.DeletionPolicy)}
 }
 
 // returned is what a delete or release returns of the row it changed: what its history
 // row copies.
-const returned = ` RETURNING namespace, name, student_name, school, generation`
+const returned = ` RETURNING namespace, name, student_name, school, generation, deletion_policy`
 
 // scanReturned reads the RETURNING of a delete or release into e; false when no row
 // was changed.
 func scanReturned(row *sql.Row, e *entry) (bool, error) {
-	err := row.Scan(&e.namespace, &e.name, &e.studentName, &e.school, &e.generation)
+	err := row.Scan(&e.namespace, &e.name, &e.studentName, &e.school, &e.generation, &e.policy)
+	if p, ok := e.policy.(string); ok {
+		e.policy = policyValue(p) // a value past the schema is recorded as unknown
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
@@ -122,7 +131,8 @@ func (r *Registry) turn(ctx context.Context) (func(), error) {
 // has two).
 func (r *Registry) History(ctx context.Context, namespace, name string) ([]HistoryEntry, error) {
 	rows, err := r.db.QueryContext(ctx, `SELECT id, at, uid, COALESCE(namespace, ''), COALESCE(name, ''),
-		COALESCE(student_name, ''), COALESCE(school, ''), COALESCE(generation, 0), action, owner, cause, actor
+		COALESCE(student_name, ''), COALESCE(school, ''), COALESCE(generation, 0), action, owner, cause, actor,
+		COALESCE(deletion_policy, '')
 		FROM student_history WHERE namespace = $1 AND name = $2 ORDER BY id`, namespace, name)
 	if err != nil {
 		return nil, fmt.Errorf("read the history of %s/%s: %w", namespace, name, err)
@@ -132,7 +142,7 @@ func (r *Registry) History(ctx context.Context, namespace, name string) ([]Histo
 	for rows.Next() {
 		var h HistoryEntry
 		if err := rows.Scan(&h.ID, &h.At, &h.UID, &h.Namespace, &h.Name, &h.StudentName, &h.School, &h.Generation,
-			&h.Action, &h.Owner, &h.Cause, &h.Actor); err != nil {
+			&h.Action, &h.Owner, &h.Cause, &h.Actor, &h.DeletionPolicy); err != nil {
 			return nil, fmt.Errorf("read the history of %s/%s: %w", namespace, name, err)
 		}
 		h.At = h.At.UTC()

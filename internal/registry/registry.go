@@ -210,7 +210,7 @@ const (
 	// PostgreSQL; SQLite's write lock covers the whole transaction) and finds it only
 	// while it still holds this controller's token.
 	fenceCheckSQL   = `UPDATE fences SET token = token WHERE owner = $1 AND token = $2`
-	recordPolicySQL = `UPDATE students SET deletion_policy = $3 WHERE uid = $1 AND owner = $2 AND deletion_policy IS NULL`
+	recordPolicySQL = `UPDATE students SET deletion_policy = $3 WHERE uid = $1 AND owner = $2 AND deletion_policy IS NULL` + returned
 )
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
@@ -680,15 +680,19 @@ func (r *Registry) Release(ctx context.Context, rec Record, cause string) (bool,
 
 // RecordPolicy records policy in owner's row for uid where the row records none yet
 // (it was written before rows recorded it), and changes nothing else: updated_at says
-// when the student's record last changed, and it did not.
+// when the student's record last changed, and it did not. A history row
+// (CausePolicyRecorded) records the policy set.
 func (r *Registry) RecordPolicy(ctx context.Context, uid, owner, policy string) error {
 	if policyOf(policy) == "" {
 		return fmt.Errorf("record the deletion policy of row %s: %q is neither %s nor %s", uid, policy, PolicyDelete, PolicyOrphan)
 	}
-	// Not a change to the student's record: no history row.
-	err := r.write(ctx, time.Time{}, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
-		_, err := in(r.recordPolicy).ExecContext(ctx, uid, owner, policy)
-		return nil, err
+	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		e := entry{uid: uid, action: ActionUpdated, owner: owner, cause: CausePolicyRecorded}
+		recorded, err := scanReturned(in(r.recordPolicy).QueryRowContext(ctx, uid, owner, policy), &e)
+		if !recorded {
+			return nil, err
+		}
+		return []entry{e}, nil
 	})
 	if err != nil {
 		return fmt.Errorf("record the deletion policy of row %s: %w", uid, err)

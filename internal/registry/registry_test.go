@@ -692,6 +692,13 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		write(err)
 		_, err = r.Release(ctx, u2, registry.CauseFinalizer)
 		write(err)
+		// A row written before rows recorded their policy gets its Student's: on
+		// record too, with the policy set.
+		u4 := student("u4", "ctl")
+		_, err = r.Upsert(ctx, u4, registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent})
+		write(err)
+		write(r.RecordPolicy(ctx, "u4", "ctl", registry.PolicyOrphan))
+		write(r.RecordPolicy(ctx, "u4", "ctl", registry.PolicyDelete)) // recorded already: nothing
 		// A write rolled back by the fence leaves no history either.
 		other := open(t, url, newFakeClock())
 		if _, err := other.TakeFence(ctx, "ctl"); err != nil {
@@ -708,20 +715,26 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		type step struct {
 			Action, Cause, School string
 			Generation            int64
+			Policy                string // the deletion policy the write left the row with
 		}
+		const del, orphan = registry.PolicyDelete, registry.PolicyOrphan
 		want := map[string][]step{
 			"u1": {
-				{registry.ActionCreated, registry.CauseNewStudent, "深圳中学", 1},
-				{registry.ActionUpdated, registry.CauseSpecChange, "北京四中", 2},
-				{registry.ActionDeleted, registry.CauseFinalizer, "北京四中", 2},
-				{registry.ActionRestored, registry.CauseRestore, "北京四中", 2},
-				{registry.ActionDeleted, registry.CauseSweep, "北京四中", 2},
+				{registry.ActionCreated, registry.CauseNewStudent, "深圳中学", 1, del},
+				{registry.ActionUpdated, registry.CauseSpecChange, "北京四中", 2, del},
+				{registry.ActionDeleted, registry.CauseFinalizer, "北京四中", 2, del},
+				{registry.ActionRestored, registry.CauseRestore, "北京四中", 2, del},
+				{registry.ActionDeleted, registry.CauseSweep, "北京四中", 2, del},
 			},
 			"u2": {
-				{registry.ActionCreated, registry.CauseNewStudent, "深圳中学", 1},
-				{registry.ActionReleased, registry.CauseFinalizer, "深圳中学", 1},
+				{registry.ActionCreated, registry.CauseNewStudent, "深圳中学", 1, orphan},
+				{registry.ActionReleased, registry.CauseFinalizer, "深圳中学", 1, orphan},
 			},
 			"u3": nil,
+			"u4": {
+				{registry.ActionCreated, registry.CauseNewStudent, "深圳中学", 1, ""},
+				{registry.ActionUpdated, registry.CausePolicyRecorded, "深圳中学", 1, orphan},
+			},
 		}
 		var last time.Time
 		var lastID int64
@@ -732,7 +745,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 			}
 			var got []step
 			for _, e := range h {
-				got = append(got, step{e.Action, e.Cause, e.School, e.Generation})
+				got = append(got, step{e.Action, e.Cause, e.School, e.Generation, e.DeletionPolicy})
 				if e.UID != uid || e.Owner != "ctl" || e.Actor != "pod-a" || e.StudentName != "张三" || e.At.IsZero() {
 					t.Errorf("history row of %s: %+v; want its uid, the owner, the actor and the values written", uid, e)
 				}
