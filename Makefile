@@ -56,7 +56,9 @@ lint: ## Run the outside checkers (hack/lint.sh): staticcheck, gosec, govulnchec
 controlplane: ## Build etcd, kube-apiserver and kube-controller-manager into bin/k8s (minutes the first time, then cached).
 	hack/build-controlplane.sh
 
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+# The release's version, one for the binary, the image and the chart (VERSION;
+# CHANGELOG.md says what each brings). The binary names its commit too.
+VERSION ?= $(shell cat VERSION)
 
 .PHONY: node
 node: controlplane packages ## Build kube-scheduler, kubelet and kube-proxy into bin/k8s too (minutes the first time), and install the node's Debian packages when missing.

@@ -1,0 +1,151 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// previousRelease is the last commit of version 0.1.0, whose registry schema (4) is
+// the one before this version's: the controller an upgrade starts from.
+const previousRelease = "90fdd8df4ca0d6c4fca639114ad80fffeb49931b"
+
+// TestUpgradeAndRollback: the previous release fills a registry and a cluster (Delete
+// and Orphan Students, some deleted); this build then runs on the same registry and
+// CRD: it migrates the schema, keeps every row, writes none again, and creates and
+// deletes as before. The previous release, started again on the migrated registry,
+// refuses it, says why, and writes nothing.
+func TestUpgradeAndRollback(t *testing.T) {
+	ctx := context.Background()
+	old := buildAt(t, previousRelease)
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	client := students(ns)
+	path := filepath.Join(t.TempDir(), "registry.db")
+	args := []string{"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--registry", "sqlite://" + path,
+		"--registry-owner", owner, "--sweep-interval", "2s"}
+
+	before := startBinary(t, "previous-release", old, nil, args...)
+	uids := map[string]string{}
+	for name, policy := range map[string]studentv1.DeletionPolicy{"d1": "Delete", "d2": "Delete", "o1": "Orphan", "o2": "Orphan"} {
+		s, err := client.Create(ctx, newStudent(name, "school A", policy), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids[name] = string(s.UID)
+	}
+	waitAllReady(t, ns, 4, time.Minute)
+	for _, name := range []string{"d2", "o2"} {
+		if err := client.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitAllReady(t, ns, 2, time.Minute)
+	stop(t, before)
+	db := registrytest.OpenSQLite(t, path)
+	if v := schemaVersion(t, db); v != 4 {
+		t.Fatalf("the previous release left schema %d, want 4", v)
+	}
+	rowsBefore := sqliteRows(t, db)
+	written := map[string]string{}
+	for uid := range rowsBefore {
+		written[uid] = updatedAt(t, db, uid)
+	}
+	if len(rowsBefore) != 3 || rowsBefore[uids["o2"]].owner != "" {
+		t.Fatalf("the previous release's rows: %+v; want d1, o1 and o2 released", rowsBefore)
+	}
+
+	// The upgrade.
+	after := startProcess(t, "this-build", args...)
+	waitAllReady(t, ns, 2, time.Minute)
+	eventually(t, 30*time.Second, "schema 5", func(context.Context) (bool, error) { return schemaVersion(t, db) == 5, nil })
+	// Two sweeps later nothing was written again: every row as it was.
+	time.Sleep(5 * time.Second)
+	for uid, r := range rowsBefore {
+		if got := sqliteRows(t, db)[uid]; got != r || updatedAt(t, db, uid) != written[uid] {
+			t.Errorf("row %s after the upgrade: %+v written %s; want %+v written %s, untouched", uid, got, updatedAt(t, db, uid), r, written[uid])
+		}
+	}
+	created, err := client.Create(ctx, newStudent("n1", "school A", ""), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Delete(ctx, "d1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(t, db, "n1's row written and d1's deleted", func(rows map[string]row) bool {
+		_, d1 := rows[uids["d1"]]
+		return !d1 && rows[string(created.UID)] == row{owner, "school A", 1}
+	})
+	waitAllReady(t, ns, 2, time.Minute)
+	stop(t, after)
+
+	// The rollback: the previous release refuses the migrated registry.
+	rowsAfter, history := sqliteRows(t, db), historyCount(t, db)
+	back := startBinary(t, "previous-release-again", old, nil, args...)
+	exited, err := back.Wait(time.Minute)
+	if !exited {
+		t.Fatal("the previous release did not exit on a registry of a newer schema")
+	}
+	if err == nil || !strings.Contains(back.Output(), "newer than this controller knows") {
+		t.Errorf("the previous release on schema 5: exit %v; want a failure naming the newer schema:\n%s", err, back.Output())
+	}
+	if got := sqliteRows(t, db); len(got) != len(rowsAfter) || historyCount(t, db) != history {
+		t.Errorf("the previous release wrote: %d rows and %d history rows, were %d and %d", len(got), historyCount(t, db), len(rowsAfter), history)
+	}
+}
+
+// buildAt builds the controller of commit from this repository's history.
+func buildAt(t *testing.T, commit string) string {
+	t.Helper()
+	src := t.TempDir()
+	archive := exec.Command("sh", "-c", `git -C "$1" archive --format=tar "$2" | tar -x -C "$3"`, "archive", env.Root, commit, src) // #nosec G204 -- git of this repository
+	if out, err := archive.CombinedOutput(); err != nil {
+		t.Fatalf("the tree of commit %s (a clone without the history lacks it: git fetch --unshallow): %v\n%s", commit, err, out)
+	}
+	bin, err := ctrlbin.Build{Root: src, Out: filepath.Join(t.TempDir(), "student-controller")}.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// stop ends a controller with SIGTERM and waits for its drain.
+func stop(t *testing.T, p *process) {
+	t.Helper()
+	p.signal(syscall.SIGTERM)
+	if err := p.wait(45 * time.Second); err != nil {
+		t.Fatalf("%s's exit: %v", p.Name(), err)
+	}
+}
+
+// schemaVersion is the registry's schema version.
+func schemaVersion(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var v int
+	if err := db.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// historyCount is how many history rows the registry holds.
+func historyCount(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM student_history`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
