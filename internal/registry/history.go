@@ -81,7 +81,7 @@ const historyInsertSQL = `INSERT INTO student_history
 // taken as the database returned them (any), so that one written past the schema is
 // recorded as it was rather than failing the write.
 type entry struct {
-	uid, action, owner, cause                        string
+	uid, action, owner, cause                                string
 	namespace, name, studentName, school, generation, policy any
 }
 
