@@ -47,15 +47,7 @@ func TestEtcdRestore(t *testing.T) {
 	args := []string{"--kubeconfig", cp.Kubeconfig, "--registry", "sqlite://" + path, "--registry-owner", owner, "--sweep-interval", "2s"}
 	ctrl := startProcess(t, "controller", args...)
 
-	policies := map[string]studentv1.DeletionPolicy{"r1": studentv1.DeletionPolicyOrphan, "r2": studentv1.DeletionPolicyDelete}
-	uids := map[string]string{}
-	for name, policy := range policies {
-		s, err := client.Create(ctx, newStudent(name, "school A", policy), metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		uids[name] = string(s.UID)
-	}
+	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"r1": studentv1.DeletionPolicyOrphan, "r2": studentv1.DeletionPolicyDelete})
 	waitAllReadyIn(t, client, 2, time.Minute)
 
 	// The backup: etcd's data, copied while etcd is stopped.
@@ -83,7 +75,7 @@ func TestEtcdRestore(t *testing.T) {
 	}
 	copyDir(t, backup, filepath.Join(cp.Dir, "etcd"))
 	startControlPlane(t, cp)
-	for name := range policies {
+	for name := range uids {
 		if s, err := client.Get(ctx, name, metav1.GetOptions{}); err != nil || s.Spec.School != "school A" || s.Generation != 1 {
 			t.Fatalf("after the restore, Student %s: %v, %+v; want school A at generation 1", name, err, s)
 		}
@@ -126,6 +118,21 @@ func TestEtcdRestore(t *testing.T) {
 		_, ok := rows[uids["r2"]]
 		return !ok && rows[uids["r1"]] == row{"", "school A", terminating.Generation}
 	})
+}
+
+// createAll creates a Student at school A for each name, with its deletion policy,
+// and returns their UIDs by name.
+func createAll(t *testing.T, client studentclient.StudentInterface, policies map[string]studentv1.DeletionPolicy) map[string]string {
+	t.Helper()
+	uids := map[string]string{}
+	for name, policy := range policies {
+		s, err := client.Create(context.Background(), newStudent(name, "school A", policy), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids[name] = string(s.UID)
+	}
+	return uids
 }
 
 // row is what TestEtcdRestore checks of a registry row.
@@ -234,14 +241,7 @@ func TestBackupDrill(t *testing.T) {
 	url := "sqlite://" + path
 	args := []string{"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--registry", url, "--registry-owner", owner, "--sweep-interval", "2s"}
 	ctrl := startProcess(t, "controller", args...)
-	uids := map[string]string{}
-	for name, policy := range map[string]studentv1.DeletionPolicy{"kept": "Delete", "changed": "Delete", "gone-delete": "Delete", "gone-orphan": "Orphan"} {
-		s, err := client.Create(ctx, newStudent(name, "school A", policy), metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		uids[name] = string(s.UID)
-	}
+	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"kept": "Delete", "changed": "Delete", "gone-delete": "Delete", "gone-orphan": "Orphan"})
 	waitAllReady(t, ns, 4, time.Minute)
 
 	backup := filepath.Join(t.TempDir(), "backup.db")

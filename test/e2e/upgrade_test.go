@@ -37,14 +37,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 		"--registry-owner", owner, "--sweep-interval", "2s"}
 
 	before := startBinary(t, "previous-release", old, nil, args...)
-	uids := map[string]string{}
-	for name, policy := range map[string]studentv1.DeletionPolicy{"d1": "Delete", "d2": "Delete", "o1": "Orphan", "o2": "Orphan"} {
-		s, err := client.Create(ctx, newStudent(name, "school A", policy), metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		uids[name] = string(s.UID)
-	}
+	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"d1": "Delete", "d2": "Delete", "o1": "Orphan", "o2": "Orphan"})
 	waitAllReady(t, ns, 4, time.Minute)
 	for _, name := range []string{"d2", "o2"} {
 		if err := client.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
