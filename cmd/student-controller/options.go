@@ -32,6 +32,7 @@ type options struct {
 	owner                   string
 	sweepInterval           time.Duration
 	sweepMaxDeletions       int
+	maxRewinds              int
 	sweepMaxDeletionPercent int
 	historyRetention        time.Duration
 	sqliteShared            bool
@@ -93,6 +94,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 			"then only the resync (--resync-period) finds rows that drifted.")
 	fs.IntVar(&o.sweepMaxDeletions, "sweep-max-deletions", 100,
 		"A sweep that would let go of (delete or release) more orphan rows than this lets go of none and reports it.")
+	fs.IntVar(&o.maxRewinds, "registry-max-rewinds", 100,
+		"Rows found at a newer generation than their Students (after an etcd restore) that the controller takes back to its Students from its start; "+
+			"past it such a row makes its Student not Ready (reason RegistryAhead), since so many looks like a cloned cluster sharing production's registry.")
 	fs.IntVar(&o.sweepMaxDeletionPercent, "sweep-max-deletion-percent", 50,
 		"A sweep that would let go of more than this share of the rows the owner holds (at least one row) lets go of none and reports it.")
 	fs.DurationVar(&o.historyRetention, "history-retention", 90*24*time.Hour,
@@ -205,6 +209,9 @@ func (o *options) validate() error {
 	}
 	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 || o.historyRetention < 0 {
 		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions, --resync-period and --history-retention must not be negative"))
+	}
+	if o.maxRewinds < 1 {
+		errs = append(errs, fmt.Errorf("--registry-max-rewinds must be at least 1, got %d", o.maxRewinds))
 	}
 	if o.sweepMaxDeletionPercent < 1 || o.sweepMaxDeletionPercent > 100 {
 		errs = append(errs, fmt.Errorf("--sweep-max-deletion-percent must be within 1 and 100, got %d", o.sweepMaxDeletionPercent))

@@ -61,6 +61,7 @@ func TestValidate(t *testing.T) {
 		"sqlite with leader election":       {args: []string{"--leader-elect"}, want: "replicas with a file each would split the registry"},
 		"a password in the URL":             {args: []string{"--registry=postgres://u:hunter2@db/s"}, want: "--registry holds a password"},
 		"a user and no password in the URL": {args: []string{"--registry=postgres://u@db/s"}},
+		"a password parameter in the URL":   {args: []string{"--registry=postgres://u@db/s?PassWord=x"}, want: "--registry holds a password"},
 		"password file for sqlite":          {args: []string{"--registry-password-file=/p"}, want: "SQLite takes no password"},
 		"shared file without sqlite":        {args: []string{"--registry=postgres://u@db/s", "--leader-elect", "--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
 		"shared file without election":      {args: []string{"--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},

@@ -101,6 +101,7 @@ func run(ctx context.Context, opts options) error {
 			SweepInterval:           opts.sweepInterval,
 			SweepMaxDeletions:       opts.sweepMaxDeletions,
 			SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent,
+			MaxRewinds:              opts.maxRewinds,
 			HistoryRetention:        opts.historyRetention,
 			SyncTimeout:             opts.syncTimeout,
 			RateLimiter:             rateLimiter,
@@ -145,6 +146,10 @@ func run(ctx context.Context, opts options) error {
 	work := func(ctx context.Context) error {
 		if !takeFence(ctx, writable, opts.owner) {
 			return nil
+		}
+		// A newer version may have migrated the schema while this replica stood by.
+		if err := writable.CheckSchema(ctx); err != nil {
+			return err
 		}
 		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
 	}

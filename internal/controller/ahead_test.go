@@ -147,4 +147,36 @@ func TestRegistryAhead(t *testing.T) {
 	})
 }
 
+// TestRegistryAheadBound: past Config.MaxRewinds rows taken back, a row ahead is left
+// as it is and its Student reports it: so many rows ahead looks like a cloned cluster
+// that shares production's registry, whose older Students would roll its rows back.
+func TestRegistryAheadBound(t *testing.T) {
+	a, b := newStudent("a", withFinalizer, synced(start)), newStudent("b", withFinalizer, synced(start))
+	f := newFixture(t, a, b)
+	f.ctrl.cfg.MaxRewinds = 1
+	for _, s := range []*studentv1.Student{a, b} {
+		r := recordOf(owner, s)
+		r.Generation, r.School = 4, "school D"
+		f.put(r)
+	}
+	if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+		t.Fatalf("the first row ahead: %v, want it taken back", err)
+	}
+	var term *terminalError
+	if err := f.ctrl.sync(f.ctx, "school/b"); !errors.As(err, &term) {
+		t.Fatalf("the second row ahead, past the bound: %v, want a terminal error", err)
+	}
+	rows := f.rows()
+	if rows["uid-a"].Generation != 1 || rows["uid-b"].Generation != 4 || rows["uid-b"].School != "school D" {
+		t.Errorf("rows %+v: want a's taken back, b's left at generation 4", rows)
+	}
+	cond := meta.FindStatusCondition(f.get("school", "b").Status.Conditions, studentv1.ConditionReady)
+	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != studentv1.ReasonRegistryAhead {
+		t.Errorf("b's Ready = %+v, want False with reason %s", cond, studentv1.ReasonRegistryAhead)
+	}
+	if diff := cmp.Diff([]string{"Warning RegistryAhead", "Warning RegistryAhead"}, f.events()); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
 func keyOf(s *studentv1.Student) string { return s.Namespace + "/" + s.Name }

@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -83,6 +84,11 @@ type Config struct {
 	// owner holds (at least one row); 0 means 50.
 	SweepMaxDeletions       int
 	SweepMaxDeletionPercent int
+	// MaxRewinds bounds the rows ahead of their Students (an etcd restore) that this
+	// controller takes back to its Students (Rewind) from its start; past it a row
+	// ahead makes its Student not Ready instead, since so many rows ahead looks like a
+	// cloned cluster writing to production's registry. 0 means 100.
+	MaxRewinds int
 	// SyncTimeout bounds one sync, registry and API calls included. It also bounds the
 	// drain on shutdown: work in flight finishes, within this time.
 	SyncTimeout time.Duration
@@ -143,6 +149,9 @@ type Controller struct {
 	// logged when it first shows up here. Only Sweep, which never runs twice at once,
 	// touches it.
 	malformed map[string]bool
+	// rewound counts the rows taken back to their Students since Run started, against
+	// Config.MaxRewinds.
+	rewound atomic.Int64
 }
 
 // DefaultRateLimiter spaces the retries of one Student from half a second up to five
@@ -174,6 +183,12 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	}
 	if cfg.SweepMaxDeletionPercent == 0 {
 		cfg.SweepMaxDeletionPercent = 50
+	}
+	if cfg.MaxRewinds < 0 {
+		return nil, fmt.Errorf("max rewinds must not be negative, got %d", cfg.MaxRewinds)
+	}
+	if cfg.MaxRewinds == 0 {
+		cfg.MaxRewinds = 100
 	}
 	if cfg.RateLimiter == nil {
 		cfg.RateLimiter = DefaultRateLimiter()

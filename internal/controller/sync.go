@@ -185,7 +185,8 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		return row, "", c.ownedElsewhere(ctx, s, err)
 	case errors.Is(err, registry.ErrStale), errors.Is(err, ErrNotLeading), errors.Is(err, errCacheBehind), errors.Is(err, errStudentGone):
 		// This cache is behind the API server or a newer writer's: nothing to write,
-		// and the watch brings the newer Student.
+		// and the watch brings the newer Student. (Or a row ahead that refuseRewind
+		// reported: terminal.)
 		return row, "", err
 	case err != nil:
 		return row, "", c.registryFailed(ctx, s, err)
@@ -212,16 +213,29 @@ func (c *Controller) registryAhead(ctx context.Context, s *studentv1.Student, wa
 		return row, err
 	case row.Owner != want.Owner:
 		return row, fmt.Errorf("row %s is owned by %q: %w", row.UID, row.Owner, registry.ErrNotOwned)
-	case row.Generation <= want.Generation:
+	}
+	live, err := c.liveStudent(ctx, s.Namespace, s.Name, s.UID)
+	switch {
+	case err != nil:
+		return row, fmt.Errorf("confirm the Student with the API server before taking its row back: %w", err)
+	case live == nil:
+		return row, errStudentGone
+	case live.ResourceVersion != s.ResourceVersion:
+		return row, errCacheBehind
+	}
+	// What is written is the API server's Student, as the quorum read returned it.
+	want = recordOf(want.Owner, live)
+	if row.Generation <= want.Generation {
 		return row, fmt.Errorf("row %s changed since the write was refused: %w", row.UID, registry.ErrStale)
 	}
-	if current, err := c.confirmCurrent(ctx, s); !current {
-		return row, cmp.Or(err, errStudentGone)
+	if c.rewound.Load() >= int64(c.cfg.MaxRewinds) {
+		return row, c.refuseRewind(ctx, s, row, want)
 	}
 	rewound, err := c.write.rewind(ctx, want, row.Generation)
 	if err != nil {
 		return row, err
 	}
+	c.rewound.Add(1)
 	c.cfg.Metrics.observeRegistryAhead()
 	msg := fmt.Sprintf("The registry row held generation %d, newer than this Student's %d: the cluster went back to an earlier state "+
 		"(etcd restored from a backup) or the row was changed by hand. The row follows the Student again: %s, %s",
@@ -230,6 +244,27 @@ func (c *Controller) registryAhead(ctx context.Context, s *studentv1.Student, wa
 	klog.FromContext(ctx).Info("Registry row was ahead of its Student; it follows the Student again",
 		"rowGeneration", row.Generation, "generation", want.Generation)
 	return rewound, nil
+}
+
+// refuseRewind reports a row ahead that this controller does not take back: it has
+// taken back Config.MaxRewinds rows since it started. So many rows ahead of their
+// Students looks less like an etcd restore than like a clone of the cluster (an etcd
+// snapshot restored elsewhere, with the same identity) that writes to production's
+// registry, whose Students are the older ones. Retrying cannot change that; a restart
+// with a higher bound does, once an operator has checked.
+func (c *Controller) refuseRewind(ctx context.Context, s *studentv1.Student, row, want registry.Record) error {
+	msg := fmt.Sprintf("The registry row holds generation %d, newer than this Student's %d, and this controller has taken back "+
+		"%d rows since it started, its bound (--registry-max-rewinds): so many rows ahead looks like a cloned cluster that shares "+
+		"production's registry rather than an etcd restore. Nothing was written. If this cluster is the one the registry follows, "+
+		"restart the controller with a higher --registry-max-rewinds", row.Generation, want.Generation, c.cfg.MaxRewinds)
+	changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRegistryAhead, msg), s.Status.Registry)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if changed {
+		c.write.warn(s, EventRegistryAhead, msg)
+	}
+	return terminal(fmt.Errorf("row %s is ahead of its Student and past the bound of rows taken back: %w", row.UID, registry.ErrStale))
 }
 
 // wroteRow counts and logs a row that ensureRow wrote, and returns what it returns.

@@ -37,20 +37,26 @@ func Backup(ctx context.Context, rawURL, path string) (Copy, error) {
 	if err != nil {
 		return Copy{}, fmt.Errorf("back up registry %s: %w", src.display, err)
 	}
-	if _, err := os.Lstat(abs); !errors.Is(err, os.ErrNotExist) {
+	// Made here, empty, which VACUUM INTO takes: never a file someone else made, and
+	// readable by its owner alone, since it holds the registry's personal data.
+	f, err := os.OpenFile(abs, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600) // #nosec G304 -- the file the operator names
+	if errors.Is(err, os.ErrExist) {
 		return Copy{}, fmt.Errorf("back up registry %s: %s exists already; give a new file", src.display, abs)
+	}
+	if err != nil {
+		return Copy{}, fmt.Errorf("back up registry %s: %w", src.display, err)
+	}
+	if err := f.Close(); err != nil {
+		return Copy{}, errors.Join(fmt.Errorf("back up registry %s: %w", src.display, err), os.Remove(abs))
 	}
 	src.dsn = sqliteReadOnlyDSN(src.path, false)
 	db, err := openDB(src, nil)
 	if err != nil {
-		return Copy{}, fmt.Errorf("back up registry %s: %w", src.display, err)
+		return Copy{}, errors.Join(fmt.Errorf("back up registry %s: %w", src.display, err), os.Remove(abs))
 	}
 	defer db.Close()
 	if _, err := db.ExecContext(ctx, `VACUUM INTO $1`, abs); err != nil {
-		if rmErr := os.Remove(abs); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
-			err = errors.Join(err, rmErr)
-		}
-		return Copy{}, fmt.Errorf("back up registry %s to %s: %w", src.display, abs, err)
+		return Copy{}, errors.Join(fmt.Errorf("back up registry %s to %s: %w", src.display, abs, err), os.Remove(abs))
 	}
 	return countCopy(ctx, abs)
 }

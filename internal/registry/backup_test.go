@@ -61,6 +61,11 @@ func TestBackup(t *testing.T) {
 	if c.Rows < 21 || c.Rows != c.History {
 		t.Errorf("backup holds %d rows and %d history rows: want the same number, each row with its own", c.Rows, c.History)
 	}
+	if info, err := os.Stat(c.Path); err != nil {
+		t.Error(err)
+	} else if info.Mode().Perm() != 0o600 {
+		t.Errorf("the backup's mode: %v; want 0600, its owner's alone", info.Mode())
+	}
 
 	// The copy is a registry of its own, at the same schema.
 	copied, err := registry.Open(ctx, "sqlite://"+c.Path, registry.Options{ReadOnly: true})

@@ -42,8 +42,15 @@ func HasPassword(rawURL string) bool {
 	if err != nil {
 		return redact(rawURL) != rawURL
 	}
-	_, inUserinfo := u.User.Password()
-	return inUserinfo || u.Query().Has("password")
+	if _, inUserinfo := u.User.Password(); inUserinfo {
+		return true
+	}
+	for k := range u.Query() {
+		if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
+			return true
+		}
+	}
+	return false
 }
 
 // parseURL parses a registry URL:

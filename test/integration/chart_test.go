@@ -328,9 +328,10 @@ func shapeOf(t *testing.T, out []byte) releaseShape {
 }
 
 // TestChartReleasesApart: two releases in one namespace have a Lease each (the
-// controller's --leader-elect-id and the name its Role lets it renew) and an owner each,
-// named after the release; the release named student-controller renders as before, with
-// the controller's default owner and no owner flag (config/default has none).
+// controller's --leader-elect-id and the name its Role lets it renew), named after the
+// release, and the owner each gives; the release named student-controller renders as
+// before, with the controller's default owner and no owner flag (config/default has
+// none).
 func TestChartReleasesApart(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	postgres := []string{"replicaCount=2", "leaderElection.enabled=true",
@@ -342,10 +343,12 @@ func TestChartReleasesApart(t *testing.T) {
 		owner   string // "" for no --registry-owner flag
 	}{
 		"the default release": {release: chartRelease, set: postgres, lease: "student-controller"},
-		"team-a":              {release: "team-a", set: postgres, lease: "team-a-student-controller", owner: "team-a-student-controller"},
-		"team-b":              {release: "team-b", set: postgres, lease: "team-b-student-controller", owner: "team-b-student-controller"},
-		"a name holding the chart's": {release: "student-controller-blue", set: postgres,
-			lease: "student-controller-blue", owner: "student-controller-blue"},
+		"team-a": {release: "team-a", set: append([]string{"registry.owner=team-a"}, postgres...),
+			lease: "team-a-student-controller", owner: "team-a"},
+		"team-b": {release: "team-b", set: append([]string{"registry.owner=team-b"}, postgres...),
+			lease: "team-b-student-controller", owner: "team-b"},
+		"a name holding the chart's": {release: "student-controller-blue", set: append([]string{"registry.owner=blue"}, postgres...),
+			lease: "student-controller-blue", owner: "blue"},
 		"an owner given": {release: "team-c", set: append([]string{"registry.owner=registry-c"}, postgres...),
 			lease: "team-c-student-controller", owner: "registry-c"},
 	}
@@ -372,15 +375,15 @@ func TestChartReleasesApart(t *testing.T) {
 
 	// Without leader election no Lease flag (the controller refuses --leader-elect-id
 	// without --leader-elect), and the Role still names the release's Lease.
-	r := shapeOf(t, helmTemplate(ctx, t, "team-a", nil))
+	r := shapeOf(t, helmTemplate(ctx, t, "team-a", nil, "registry.owner=team-a"))
 	if id, set := r.flags["leader-elect-id"]; set {
 		t.Errorf("--leader-elect-id=%s without leader election", id)
 	}
 	if diff := cmp.Diff([]string{"team-a-student-controller"}, r.leaseRole); diff != "" {
 		t.Errorf("the Lease the Role names without leader election (-want +got):\n%s", diff)
 	}
-	if got := r.flags["registry-owner"]; got != "team-a-student-controller" {
-		t.Errorf("a fresh install of team-a: --registry-owner=%q, want team-a-student-controller", got)
+	if got := r.flags["registry-owner"]; got != "team-a" {
+		t.Errorf("a fresh install of team-a: --registry-owner=%q, want team-a", got)
 	}
 
 	// An upgrade with the owner given renders; so does one of the release named
@@ -430,10 +433,14 @@ func TestChartRefuses(t *testing.T) {
 			set:  []string{"registry.url=postgres://student_controller@db/students?sslmode=verify-full&password=s3cret"},
 			want: "registry.passwordSecret.name",
 		},
-		"an upgrade that would change the owner": {
+		"a release not named student-controller without an owner": {
+			release: "team-a",
+			want:    "registry.owner is empty, and the release team-a is not named student-controller",
+		},
+		"the same, as an upgrade": {
 			release: "team-a",
 			more:    []string{"--is-upgrade"},
-			want:    "Set registry.owner explicitly: student-controller to keep writing those rows, or team-a-student-controller once",
+			want:    "registry.owner=student-controller",
 		},
 		"a Lease name in extraArgs": {
 			set:  []string{"leaderElection.enabled=true", "registry.url=postgres://student_controller@db/students", "extraArgs={--leader-elect-id=other}"},
@@ -473,7 +480,7 @@ func TestChartRefuses(t *testing.T) {
 // meets by matching itself), and no spreading.
 func TestChartSharedSQLiteFile(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	r := shapeOf(t, helmTemplate(ctx, t, "team-a", nil, "leaderElection.enabled=true", "replicaCount=2", "registry.sqliteSharedFile=true"))
+	r := shapeOf(t, helmTemplate(ctx, t, "team-a", nil, "registry.owner=team-a", "leaderElection.enabled=true", "replicaCount=2", "registry.sqliteSharedFile=true"))
 	for _, flag := range []string{"leader-elect", "sqlite-shared-file"} {
 		if _, on := r.flags[flag]; !on {
 			t.Errorf("flags %v lack --%s", r.flags, flag)

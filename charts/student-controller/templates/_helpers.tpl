@@ -63,31 +63,20 @@ drop it from the objectSelector and the policy would match every Student. */}}
 {{- join "," $terms -}}
 {{- end -}}
 
-{{/* The owner mark on the rows this release writes: registry.owner, else the release's
-fullname, so that two releases never share an owner by default. Charts before this one
-left the controller's default, student-controller: an upgrade that would move a
-release's rows to another owner fails instead (the new owner would find every row owned
-elsewhere). Helm sees the running Deployment's owner on a real upgrade; without it
-(helm template --is-upgrade, --dry-run=client) a release not named student-controller
-is taken to carry the old default. */}}
+{{/* The owner mark on the rows this release writes: registry.owner. The release named
+student-controller may leave it empty for the controller's default, student-controller,
+as config/default does. Any other release must say it: a default named after the release
+would move the rows of a release that chart 0.1.0 installed (they carry
+student-controller) to an owner that finds them all owned elsewhere, and a renderer
+that cannot see the running release (helm template, as GitOps tools run it) could not
+tell. */}}
 {{- define "student-controller.owner" -}}
 {{- $name := include "student-controller.fullname" . -}}
-{{- $owner := .Values.registry.owner | default $name -}}
-{{- if and .Release.IsUpgrade (not .Values.registry.owner) -}}
-{{- $before := "" -}}
-{{- $running := lookup "apps/v1" "Deployment" .Release.Namespace $name -}}
-{{- if $running -}}
-{{- $before = "student-controller" -}}
-{{- range (dig "spec" "template" "spec" "containers" (list) $running) -}}
-{{- if eq .name "controller" }}{{ range .args }}{{ if hasPrefix "--registry-owner=" . }}{{ $before = trimPrefix "--registry-owner=" . }}{{ end }}{{ end }}{{ end -}}
+{{- if .Values.registry.owner -}}
+{{- .Values.registry.owner -}}
+{{- else if eq $name "student-controller" -}}
+student-controller
+{{- else -}}
+{{- fail (printf "registry.owner is empty, and the release %s is not named student-controller: set registry.owner. For a new release, a name of its own (registry.owner=%s) keeps its rows apart from other releases'. For a release that chart 0.1.0 installed, whose rows carry the owner student-controller, set registry.owner=student-controller, or move the rows first with `student-controller registry rename-owner` (docs/operating.md, \"Several releases\")" .Release.Name $name) -}}
 {{- end -}}
-{{- else if ne $name "student-controller" -}}
-{{- $before = "student-controller" -}}
-{{- end -}}
-{{- if and $before (ne $before $owner) -}}
-{{- $why := ternary " (the owner every release had before the chart named it after the release)" "" (eq $before "student-controller") -}}
-{{- fail (printf "registry.owner is empty, so this upgrade would mark the release's rows with the owner %s, but the rows it wrote carry %s%s, and %s would find them all owned elsewhere. Set registry.owner explicitly: %s to keep writing those rows, or %s once `student-controller registry rename-owner --registry URL --registry-owner %s --to %s` has moved them (docs/operating.md, \"Several releases\")" $owner $before $why $owner $before $owner $before $owner) -}}
-{{- end -}}
-{{- end -}}
-{{- $owner -}}
 {{- end -}}

@@ -164,6 +164,10 @@ const (
 	ReasonDeleting = "Deleting"
 	// ReasonPaused: the paused annotation holds the Student still.
 	ReasonPaused = "Paused"
+	// ReasonRegistryAhead: the registry row holds a newer generation than the Student,
+	// and the controller did not take it back (more rows were ahead than it takes back
+	// on its own).
+	ReasonRegistryAhead = "RegistryAhead"
 )
 
 // StudentList is a list of Students.
