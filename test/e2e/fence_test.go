@@ -32,6 +32,7 @@ func TestFencedWrite(t *testing.T) {
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	url, db := registrytest.PostgresBackend(pg).New(t)
 	leaseRBAC(t, ns)
+	url, password := registrytest.ForProcess(t, url)
 	args := []string{
 		"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
 		"--registry", url, "--registry-owner", owner,
@@ -39,6 +40,7 @@ func TestFencedWrite(t *testing.T) {
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"--sync-timeout=2m", // the blocked write must outlast the takeover
 	}
+	args = append(args, password...)
 	a, b := startReplicas(t, ns, args)
 	if _, err := db.ExecContext(ctx, `
 		CREATE TABLE audit (uid TEXT, op TEXT, generation BIGINT, school TEXT);

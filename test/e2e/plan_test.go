@@ -86,7 +86,8 @@ func testPlan(t *testing.T, b registrytest.Backend) {
 	sqlExec(row, uid("theirs"), ns, "theirs", "another-owner")
 	sqlExec(row, "ghost-uid", ns, "ghost", owner)
 
-	args := []string{"plan", "--kubeconfig", controllerID.Kubeconfig, "--registry", url, "--registry-owner", owner, "--namespace", ns}
+	planURL, password := registrytest.ForProcess(t, url)
+	args := append([]string{"plan", "--kubeconfig", controllerID.Kubeconfig, "--registry", planURL, "--registry-owner", owner, "--namespace", ns}, password...)
 	plan := func(extra ...string) (string, int) {
 		t.Helper()
 		out, err := exec.Command(bin, append(args, extra...)...).Output() // #nosec G204 -- the controller built for the test

@@ -286,7 +286,9 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 			_ = pg.Start(ctx)
 		}
 	}()
-	p := startProcess(t, "controller", "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--registry", url, "--registry-owner", owner)
+	url, password := registrytest.ForProcess(t, url)
+	p := startProcess(t, "controller", append([]string{"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--registry", url,
+		"--registry-owner", owner}, password...)...)
 	waitFor(t, 10*time.Second, "the probes to answer", func() bool {
 		code, _, err := get("http://" + p.ProbeAddr + "/healthz")
 		return err == nil && code == 200

@@ -93,8 +93,9 @@ func testScope(t *testing.T, b registrytest.Backend) {
 	if got := rowsNow(); !slices.Equal(got, want) {
 		t.Errorf("rows after blue-b left the scope: %v, want %v (its row kept)", got, want)
 	}
-	plan := exec.Command(ctrlbin.Binary(t), "plan", "--kubeconfig", controllerID.Kubeconfig, "--registry", url, // #nosec G204 -- the controller built for the test
-		"--registry-owner", owner, "--namespace", scope, "--selector", "team=blue")
+	planURL, password := registrytest.ForProcess(t, url)
+	plan := exec.Command(ctrlbin.Binary(t), append([]string{"plan", "--kubeconfig", controllerID.Kubeconfig, "--registry", planURL, // #nosec G204 -- the controller built for the test
+		"--registry-owner", owner, "--namespace", scope, "--selector", "team=blue"}, password...)...)
 	out, err := plan.Output()
 	if code := exitCode(err); code != 0 || !strings.Contains(string(out), "Nothing would change.") ||
 		!strings.Contains(string(out), "labels team=blue") {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -124,4 +126,25 @@ func OpenSQLite(t *testing.T, path string) *sql.DB {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// ForProcess is rawURL as a controller process takes it, which refuses a URL that holds
+// a password: the URL without it, and the flags that give it from a file of the test's
+// (none for a URL without one).
+func ForProcess(t *testing.T, rawURL string) (string, []string) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil || u.User == nil {
+		return rawURL, nil
+	}
+	password, ok := u.User.Password()
+	if !ok {
+		return rawURL, nil
+	}
+	u.User = url.User(u.User.Username())
+	file := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(file, []byte(password), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return u.String(), []string{"--registry-password-file", file}
 }
