@@ -149,8 +149,8 @@ type Controller struct {
 	// logged when it first shows up here. Only Sweep, which never runs twice at once,
 	// touches it.
 	malformed map[string]bool
-	// rewound counts the rows taken back to their Students since Run started, against
-	// Config.MaxRewinds.
+	// rewound counts the rows taken back to their Students since the controller was
+	// made (the process started), against Config.MaxRewinds.
 	rewound atomic.Int64
 }
 

@@ -171,7 +171,7 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		// the API server: a replica that has just taken the lead with a watch that
 		// was cut may still hold a Student the previous leader finalized, its row
 		// deleted. Restoring that row would bring it back, at an older generation.
-		if current, err := c.confirmCurrent(ctx, s); !current {
+		if live, err := c.confirmCurrent(ctx, s); live == nil {
 			return row, "", cmp.Or(err, errStudentGone)
 		}
 	}
@@ -214,14 +214,9 @@ func (c *Controller) registryAhead(ctx context.Context, s *studentv1.Student, wa
 	case row.Owner != want.Owner:
 		return row, fmt.Errorf("row %s is owned by %q: %w", row.UID, row.Owner, registry.ErrNotOwned)
 	}
-	live, err := c.liveStudent(ctx, s.Namespace, s.Name, s.UID)
-	switch {
-	case err != nil:
-		return row, fmt.Errorf("confirm the Student with the API server before taking its row back: %w", err)
-	case live == nil:
-		return row, errStudentGone
-	case live.ResourceVersion != s.ResourceVersion:
-		return row, errCacheBehind
+	live, err := c.confirmCurrent(ctx, s)
+	if live == nil {
+		return row, cmp.Or(err, errStudentGone)
 	}
 	// What is written is the API server's Student, as the quorum read returned it.
 	want = recordOf(want.Owner, live)
@@ -333,23 +328,23 @@ func wasWritten(s *studentv1.Student) bool {
 	return s.Status.Registry != nil && s.Status.Registry.LastWrittenTime != nil
 }
 
-// confirmCurrent asks the API server whether it holds the version of the Student that
-// the cache does. If not, the sync writes nothing: a Student gone (or replaced) ends it
-// (nil error), one changed since is retried (errCacheBehind) once the watch brings the
-// change.
-func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (bool, error) {
+// confirmCurrent asks the API server (a quorum read) whether it holds the version of
+// the Student that the cache does, and returns it if so. If not, the sync writes
+// nothing: a Student gone (or replaced) ends it (nil, and no error), one changed since
+// is retried (errCacheBehind) once the watch brings the change.
+func (c *Controller) confirmCurrent(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
 	live, err := c.liveStudent(ctx, s.Namespace, s.Name, s.UID)
 	switch {
 	case err == nil && live == nil:
 		klog.FromContext(ctx).V(2).Info("The Student is gone: this cache is behind, nothing to write")
 		c.cfg.Metrics.forget(cache.MetaObjectToName(s).String())
-		return false, nil
+		return nil, nil
 	case err != nil:
-		return false, fmt.Errorf("confirm the Student with the API server before writing its row: %w", err)
+		return nil, fmt.Errorf("confirm the Student with the API server before writing its row: %w", err)
 	case live.ResourceVersion != s.ResourceVersion:
-		return false, errCacheBehind
+		return nil, errCacheBehind
 	}
-	return true, nil
+	return live, nil
 }
 
 // liveStudent asks the API server for the Student namespace/name of uid: nil, and no
