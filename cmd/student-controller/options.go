@@ -33,6 +33,7 @@ type options struct {
 	sweepInterval           time.Duration
 	sweepMaxDeletions       int
 	maxRewinds              int
+	fenceLease              time.Duration
 	sweepMaxDeletionPercent int
 	historyRetention        time.Duration
 	sqliteShared            bool
@@ -97,6 +98,10 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxRewinds, "registry-max-rewinds", 100,
 		"Rows found at a newer generation than their Students (after an etcd restore) that the controller takes back to its Students from its start; "+
 			"past it such a row makes its Student not Ready (reason RegistryAhead), since so many looks like a cloned cluster sharing production's registry.")
+	fs.DurationVar(&o.fenceLease, "registry-fence-lease", registry.DefaultLeaseDuration,
+		"How long the registry's write fence for the owner stays this controller's without a renewal (renewed every third of it, in the registry's clock). "+
+			"Another controller of the same owner (a cloned cluster, a second install) waits while it runs; a crashed holder's fence is taken over after it, "+
+			"a stopped one's at once.")
 	fs.IntVar(&o.sweepMaxDeletionPercent, "sweep-max-deletion-percent", 50,
 		"A sweep that would let go of more than this share of the rows the owner holds (at least one row) lets go of none and reports it.")
 	fs.DurationVar(&o.historyRetention, "history-retention", 90*24*time.Hour,
@@ -209,6 +214,9 @@ func (o *options) validate() error {
 	}
 	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 || o.historyRetention < 0 {
 		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions, --resync-period and --history-retention must not be negative"))
+	}
+	if o.fenceLease < time.Second {
+		errs = append(errs, fmt.Errorf("--registry-fence-lease must be at least 1s, got %v", o.fenceLease))
 	}
 	if o.maxRewinds < 1 {
 		errs = append(errs, fmt.Errorf("--registry-max-rewinds must be at least 1, got %d", o.maxRewinds))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,13 +14,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-// openRegistry opens the registry (migrating its schema, which may take long on a big
-// table) and binds the owner to this cluster (bounded by --sync-timeout). While either
-// is out of reach it retries with backoff; what retrying cannot fix ends it at once
-// (see permanent). It returns a nil registry and no error when ctx ends first.
+// openRegistry opens the registry to write, without migrating it yet (see
+// startWriting), and reads the cluster's identity. While either is out of reach it
+// retries with backoff; what retrying cannot fix ends it at once (see permanent). It
+// returns a nil registry and no error when ctx ends first.
 func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Interface) (*registry.Registry, string, error) {
 	if err := registry.CheckURL(opts.registryURL); err != nil {
 		return nil, "", err
@@ -32,19 +34,42 @@ func openRegistry(ctx context.Context, opts options, kubeClient kubernetes.Inter
 			MaxOpenConns:    opts.maxOpenConns,
 			MaxIdleConns:    opts.maxIdleConns,
 			ConnMaxLifetime: opts.connMaxLifetime,
+			LeaseDuration:   opts.fenceLease,
+			MigrateLater:    true,
 		})
 		if err != nil {
 			return err
 		}
-		bindCtx, cancel := context.WithTimeout(ctx, opts.syncTimeout)
+		idCtx, cancel := context.WithTimeout(ctx, opts.syncTimeout)
 		defer cancel()
-		if cluster, err = bindCluster(bindCtx, kubeClient, r, opts.owner); err != nil {
+		if cluster, err = clusterID(idCtx, kubeClient); err != nil {
 			return errors.Join(err, r.Close())
 		}
 		reg = r
 		return nil
 	})
 	return reg, cluster, err
+}
+
+// startWriting makes the registry ready for this controller to write, once it leads
+// (a standby changes nothing): it migrates the schema, which may take long on a big
+// table, and binds the owner to this cluster (bounded by --sync-timeout), retrying as
+// openRegistry does; false when ctx ends first.
+func startWriting(ctx context.Context, opts options, reg *registry.Registry, cluster string) (bool, error) {
+	done := false
+	err := retry(ctx, "Cannot migrate the registry or bind its owner yet; retrying", permanent, func() error {
+		if err := reg.Migrate(ctx); err != nil {
+			return err
+		}
+		bindCtx, cancel := context.WithTimeout(ctx, opts.syncTimeout)
+		defer cancel()
+		if err := bindCluster(bindCtx, reg, opts.owner, cluster); err != nil {
+			return err
+		}
+		done = true
+		return nil
+	})
+	return done, err
 }
 
 // openReadOnly opens the registry for what only reads (--dry-run, plan): read-only,
@@ -159,19 +184,77 @@ func permanent(err error) bool {
 		errors.As(err, &unknownAuthority) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
-// takeFence takes the registry owner's write fence, retrying while the registry fails;
-// false when ctx ends first.
-func takeFence(ctx context.Context, reg *registry.Registry, owner string) bool {
-	var token int64
-	_ = retry(ctx, "Cannot take the registry owner's write fence; retrying", nil, func() (err error) {
-		token, err = reg.TakeFence(ctx, owner)
-		return err
-	})
-	if token == 0 {
-		return false
+// takeFence takes the registry owner's write fence, retrying while the registry fails
+// and waiting while another live controller of the owner holds it (waiting says so,
+// in the log, the metrics and the readiness probe); false when ctx ends first.
+func takeFence(ctx context.Context, reg *registry.Registry, owner string, metrics *controller.Metrics, waiting *atomic.Pointer[string]) bool {
+	logger := klog.FromContext(ctx)
+	defer waiting.Store(nil)
+	for {
+		var token int64
+		var held *registry.HeldError
+		_ = retry(ctx, "Cannot take the registry owner's write fence; retrying", nil, func() (err error) {
+			token, err = reg.TakeFence(ctx, owner)
+			if errors.As(err, &held) {
+				return nil
+			}
+			return err
+		})
+		switch {
+		case token != 0:
+			metrics.ObserveFence(true, false)
+			logger.Info("Took the registry owner's write fence", "owner", owner, "token", token, "holder", reg.Holder(), "lease", reg.LeaseDuration())
+			return true
+		case held == nil: // ctx ended
+			return false
+		}
+		if waiting.Swap(&held.Holder) == nil {
+			logger.Error(held, "Waiting: writing nothing while another controller of this owner writes. If it is a clone of this cluster "+
+				"or a second install, stop it or give it its own --registry-owner; see docs/operating.md", "owner", owner, "holder", held.Holder)
+		} else {
+			logger.V(2).Info("Still waiting for the registry owner's write fence", "holder", held.Holder, "for", held.For)
+		}
+		metrics.ObserveFence(false, true)
+		// Try again when its lease would run out: at once after a crash, and about once
+		// a lease while the holder lives.
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(held.For + 50*time.Millisecond):
+		}
 	}
-	klog.FromContext(ctx).Info("Took the registry owner's write fence", "owner", owner, "token", token)
-	return true
+}
+
+// holdFence renews the write fence every third of its lease until ctx ends, and then
+// gives it back (the caller has drained the writes). It returns ErrFenced at once when
+// another controller took the fence (this one's renewals failed for a whole lease);
+// other failures are retried at the next renewal.
+func holdFence(ctx context.Context, reg *registry.Registry, metrics *controller.Metrics) error {
+	logger := klog.FromContext(ctx)
+	defer metrics.ObserveFence(false, false)
+	tick := time.NewTicker(reg.LeaseDuration() / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			release, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := reg.ReleaseFence(release); err != nil {
+				logger.Error(err, "Could not give back the registry's write fence: the next controller waits for its lease to run out")
+				return nil
+			}
+			logger.Info("Gave back the registry owner's write fence")
+			return nil
+		case <-tick.C:
+		}
+		err := reg.RenewFence(ctx)
+		switch {
+		case errors.Is(err, registry.ErrFenced):
+			return err
+		case err != nil && ctx.Err() == nil:
+			logger.Error(err, "Cannot renew the registry's write fence; retrying", "lease", reg.LeaseDuration())
+		}
+	}
 }
 
 // clusterID names the cluster a client reaches: the UID of its kube-system namespace,
@@ -187,21 +270,17 @@ func clusterID(ctx context.Context, client kubernetes.Interface) (string, error)
 // bindCluster binds the owner to this cluster in the registry on first use, and
 // refuses to go on when the registry binds it to another: a wrong kubeconfig would
 // otherwise make every row look like an orphan.
-func bindCluster(ctx context.Context, client kubernetes.Interface, reg *registry.Registry, owner string) (string, error) {
-	cluster, err := clusterID(ctx, client)
-	if err != nil {
-		return "", err
-	}
+func bindCluster(ctx context.Context, reg *registry.Registry, owner, cluster string) error {
 	b, err := reg.Bind(ctx, owner, cluster)
 	if errors.Is(err, registry.ErrOtherCluster) {
-		return "", fmt.Errorf("%w. Writing nothing: check --kubeconfig and --registry. If the owner's rows really are to follow "+
+		return fmt.Errorf("%w. Writing nothing: check --kubeconfig and --registry. If the owner's rows really are to follow "+
 			"this cluster now (a rebuilt cluster, a registry moved), move the owner explicitly, with this kubeconfig: "+
 			"student-controller registry move-cluster --registry-owner %s --from %s (and the same --registry and --kubeconfig)",
 			err, owner, b.Cluster)
 	}
 	if err != nil {
-		return "", err
+		return err
 	}
 	klog.FromContext(ctx).Info("Registry owner bound to this cluster", "owner", owner, "cluster", cluster, "since", b.BoundAt)
-	return cluster, nil
+	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -53,9 +54,19 @@ func run(ctx context.Context, opts options) error {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
 	var running atomic.Pointer[controller.Controller]
-	synced := func() bool { c := running.Load(); return c != nil && c.HasSynced() }
+	// fenceHolder is the controller this one waits for, while it does.
+	var fenceHolder atomic.Pointer[string]
+	ready := func() error {
+		if c := running.Load(); c == nil || !c.HasSynced() {
+			return errors.New("the Student cache has not synced")
+		}
+		if holder := fenceHolder.Load(); holder != nil {
+			return fmt.Errorf("another controller of owner %q holds the registry's write fence: %s", opts.owner, *holder)
+		}
+		return nil
+	}
 	if opts.probeAddr != "0" {
-		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(synced, watchdog), ReadHeaderTimeout: 5 * time.Second}
+		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(ready, watchdog), ReadHeaderTimeout: 5 * time.Second}
 		if err := listenAndServe(serveCtx, &servers, probes, "probes"); err != nil {
 			return err
 		}
@@ -141,17 +152,38 @@ func run(ctx context.Context, opts options) error {
 		return ctrl.RunDryRun(ctx, cmp.Or(opts.sweepInterval, time.Minute))
 	}
 
-	// Writing starts with the owner's write fence: from then on a former writer's late
-	// write (a paused leader's, one that waited on a lock) is rolled back.
+	// Writing starts with the owner's write fence, held while the controller works and
+	// given back when it stops: meanwhile another controller of the owner waits, and a
+	// former writer's late write (a paused leader's, one that waited on a lock) is
+	// rolled back.
 	work := func(ctx context.Context) error {
-		if !takeFence(ctx, writable, opts.owner) {
-			return nil
-		}
-		// A newer version may have migrated the schema while this replica stood by.
-		if err := writable.CheckSchema(ctx); err != nil {
+		if ok, err := startWriting(ctx, opts, writable, cluster); !ok {
 			return err
 		}
-		return drained(ctx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
+		if !takeFence(ctx, writable, opts.owner, metrics, &fenceHolder) {
+			return nil
+		}
+		workCtx, stopWork := context.WithCancel(ctx)
+		defer stopWork()
+		fenceCtx, stopFence := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopFence()
+		lost := make(chan error, 1)
+		go func() {
+			err := holdFence(fenceCtx, writable, metrics)
+			if err != nil {
+				stopWork()
+			}
+			lost <- err
+		}()
+		err := writable.CheckSchema(workCtx) // a newer version may have migrated it meanwhile
+		if err == nil {
+			err = drained(workCtx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
+		}
+		stopFence()
+		if fenceErr := <-lost; fenceErr != nil {
+			return fmt.Errorf("stopped writing: %w", fenceErr)
+		}
+		return err
 	}
 	if !opts.leaderElect {
 		return work(ctx)
@@ -189,7 +221,8 @@ func podReference() *corev1.ObjectReference {
 	}
 }
 
-// open opens the registry: to write (writable), migrated and bound to this cluster, or
+// open opens the registry: to write (writable; work migrates it and binds the owner to
+// this cluster once it leads), or
 // read-only for --dry-run (a dryRunRegistry; writable nil), and what closes it. A nil
 // registry and no error when ctx ends first.
 func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (reg interface {

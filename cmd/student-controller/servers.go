@@ -84,7 +84,7 @@ func listenAndServe(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, w
 // replica would be unready at once, and the PodDisruptionBudget would then block every
 // node drain; the outage shows in the Students' conditions, the metrics and alerts.
 // pprof's cmdline is not served: the command line may hold a registry URL.
-func probeHandler(synced func() bool, watchdog *leaderelection.HealthzAdaptor) http.Handler {
+func probeHandler(ready func() error, watchdog *leaderelection.HealthzAdaptor) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		if watchdog != nil {
@@ -96,8 +96,8 @@ func probeHandler(synced func() bool, watchdog *leaderelection.HealthzAdaptor) h
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !synced() {
-			http.Error(w, "not ready: the Student cache has not synced", http.StatusServiceUnavailable)
+		if err := ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

@@ -28,6 +28,8 @@ type Metrics struct {
 	paused            prometheus.GaugeFunc
 	pausedOldest      prometheus.GaugeFunc
 	plannedActions    *prometheus.GaugeVec
+	fenceHeld         prometheus.Gauge
+	fenceWaiting      prometheus.Gauge
 
 	// notReadyKeys are the Students whose last sync left them not Ready: only those,
 	// so that the set costs nothing while all is well. pausedSince are the paused
@@ -97,6 +99,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "student_controller_dry_run_planned_actions",
 			Help: "With --dry-run: what the last plan lists, by action (add-finalizer, create, update, restore, delete, release, finalize, refuse), as student-controller plan does; nothing is done.",
 		}, []string{"action"}),
+		fenceHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "student_controller_registry_fence_held",
+			Help: "1 while this controller holds its owner's write fence in the registry (it may write), else 0.",
+		}),
+		fenceWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "student_controller_registry_fence_waiting",
+			Help: "1 while another live controller of the same owner (a clone of the cluster, a second install, a laptop) holds the owner's write fence and this one waits to write, else 0.",
+		}),
 		notReadyKeys: map[string]struct{}{},
 		pausedSince:  map[string]time.Time{},
 	}
@@ -128,9 +138,27 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
-			m.sweepDeleted, m.malformedRows, m.registryAhead, m.notReady, m.paused, m.pausedOldest, m.plannedActions)
+			m.sweepDeleted, m.malformedRows, m.registryAhead, m.notReady, m.paused, m.pausedOldest, m.plannedActions,
+			m.fenceHeld, m.fenceWaiting)
 	}
 	return m
+}
+
+// ObserveFence records whether this controller holds its owner's write fence, and
+// whether it waits for another controller that holds it.
+func (m *Metrics) ObserveFence(held, waiting bool) {
+	if m == nil {
+		return
+	}
+	m.fenceHeld.Set(b2f(held))
+	m.fenceWaiting.Set(b2f(waiting))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // observeRegistryAhead counts a row that was ahead of its Student and follows it again.

@@ -26,6 +26,11 @@ type dialect struct {
 	// uid unless sortList, when List sorts them so.
 	listOwned string
 	sortList  bool
+	// clock is the registry's time now, as the fences' leases store it; inMillis is
+	// that time plus $3 milliseconds; untilMillis, with %[1]s for a column, is the
+	// milliseconds from now until the column's time. The registry's clock, not the
+	// controllers': two controllers' hosts may disagree about the time.
+	clock, inMillis, untilMillis string
 	// maxOpenConns and maxIdleConns size the pool when Options leave it to the registry.
 	maxOpenConns, maxIdleConns int
 }
@@ -46,6 +51,10 @@ var sqlite = &dialect{
 	// process keeps).
 	listOwned: `SELECT ` + columns + ` FROM students WHERE owner = $1`,
 	sortList:  true,
+
+	clock:       `strftime('%Y-%m-%d %H:%M:%f', 'now')`,
+	inMillis:    `strftime('%Y-%m-%d %H:%M:%f', 'now', ($3 / 1000.0) || ' seconds')`,
+	untilMillis: `CAST(round((julianday(%[1]s) - julianday('now')) * 86400000) AS INTEGER)`,
 
 	// Four connections, all kept: one writes at a time (the workers' writes take
 	// turns), the others read. Each holds a page cache of up to 2 MiB that fills as the file grows,
@@ -68,6 +77,9 @@ var postgres = &dialect{
 	// at once migrate one after the other, and the later finds nothing left to do.
 	lockMigrations: "SELECT pg_advisory_xact_lock(1937011044)",
 	listOwned:      `SELECT ` + columns + ` FROM students WHERE owner = $1 ORDER BY namespace, name, uid`,
+	clock:          `clock_timestamp()`,
+	inMillis:       `clock_timestamp() + $3 * interval '1 millisecond'`,
+	untilMillis:    `CAST(round(extract(epoch FROM %[1]s - clock_timestamp()) * 1000) AS BIGINT)`,
 	maxOpenConns:   10,
 	maxIdleConns:   5,
 }

@@ -3,9 +3,7 @@ package registry
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -49,6 +47,9 @@ var (
 	// ErrExists: Insert found a row for the UID already, of whatever owner or state,
 	// and left it as it is.
 	ErrExists = errors.New("registry row exists")
+	// ErrHeld: another live controller of the owner holds the owner's write fence
+	// (its lease has not run out); TakeFence returns a *HeldError that names it.
+	ErrHeld = errors.New("another controller holds this owner's write fence")
 )
 
 // Deletion policies a row records, as its Student's spec.deletionPolicy says.
@@ -108,6 +109,15 @@ type Options struct {
 	// requires the schema this program migrates to: ErrNoSchema when there is none yet
 	// (a missing SQLite file is not made). For what only reads: plan, --dry-run.
 	ReadOnly bool
+	// LeaseDuration is how long the write fence stays this registry's without a
+	// renewal (RenewFence), in the registry's clock: a crashed holder's fence is free
+	// after it. 15 seconds when zero.
+	LeaseDuration time.Duration
+	// MigrateLater opens a registry to write without migrating its schema yet: it is
+	// ready to write once Migrate has run. A standby replica opens it so, and migrates
+	// only when it leads, never under the leader's feet. A schema newer than this
+	// program's is refused at once (ErrSchemaNewer).
+	MigrateLater bool
 	// KeepSchema opens a registry that may write without changing its schema: one
 	// older than this program's is refused with ErrSchemaOlder, none with ErrNoSchema
 	// (a missing SQLite file is not made). The registry subcommands change the schema
@@ -134,10 +144,17 @@ type Registry struct {
 	get, insert, upsert, rewind, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck, history *sql.Stmt
 	// actor is Options.Actor, for the history.
 	actor string
+	// migrationLockTimeout is Options.MigrationLockTimeout; prepareMu guards Migrate.
+	migrationLockTimeout time.Duration
+	prepareMu            sync.Mutex
 	// fence is the write token this registry holds (TakeFence), for fenceOwner; 0
 	// while it holds none and writes unfenced.
 	fence      atomic.Int64
 	fenceOwner atomic.Pointer[string]
+	// holder names this registry in the fences it holds: the actor and a random
+	// suffix, new in each process. lease is Options.LeaseDuration.
+	holder string
+	lease  time.Duration
 	// writer is this process's one turn at SQLite's write lock, taken before a write
 	// transaction begins (nil on PostgreSQL, whose row locks let writers of different
 	// rows go together, and when read-only). SQLite has one writer at a time whatever
@@ -240,7 +257,8 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 	db.SetMaxOpenConns(cmp.Or(opts.MaxOpenConns, src.dialect.maxOpenConns))
 	db.SetMaxIdleConns(cmp.Or(opts.MaxIdleConns, src.dialect.maxIdleConns))
 	db.SetConnMaxLifetime(cmp.Or(opts.ConnMaxLifetime, 30*time.Minute))
-	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now, actor: opts.Actor}
+	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now, actor: opts.Actor,
+		lease: cmp.Or(opts.LeaseDuration, DefaultLeaseDuration)}
 	if src.dialect == sqlite && !opts.ReadOnly {
 		r.writer = make(chan struct{}, 1)
 	}
@@ -251,39 +269,75 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
 		r.actor, _ = os.Hostname()
 		r.actor = cmp.Or(r.actor, "unknown")
 	}
+	r.holder = r.actor + "#" + randomSuffix()
 	if err := ping(ctx, db, src.dialect); err != nil {
 		return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
 	}
-	if opts.ReadOnly || opts.KeepSchema {
+	r.migrationLockTimeout = cmp.Or(opts.MigrationLockTimeout, 10*time.Second)
+	switch {
+	case opts.MigrateLater:
+		if err := checkSchema(ctx, db, src.dialect); errors.Is(err, ErrSchemaNewer) {
+			return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
+		}
+		return r, nil
+	case opts.ReadOnly || opts.KeepSchema:
 		if err := checkSchema(ctx, db, src.dialect); err != nil {
 			return nil, errors.Join(fmt.Errorf("open registry %s: %w", src.display, err), db.Close())
 		}
-	} else if err := migrate(ctx, db, src.dialect, r.now(), cmp.Or(opts.MigrationLockTimeout, 10*time.Second)); err != nil {
-		return nil, errors.Join(fmt.Errorf("migrate registry %s: %w", src.display, err), db.Close())
+		if err := r.prepare(ctx); err != nil {
+			return nil, errors.Join(err, r.Close())
+		}
+		return r, nil
 	}
+	if err := r.Migrate(ctx); err != nil {
+		return nil, errors.Join(err, r.Close())
+	}
+	return r, nil
+}
+
+// Migrate brings the schema of a registry opened with MigrateLater up to date and
+// makes it ready to write; Open does it for a registry opened otherwise. Calling it
+// again does nothing.
+func (r *Registry) Migrate(ctx context.Context) error {
+	r.prepareMu.Lock()
+	defer r.prepareMu.Unlock()
+	if r.get != nil {
+		return nil
+	}
+	if err := migrate(ctx, r.db, r.dialect, r.now(), r.migrationLockTimeout); err != nil {
+		return fmt.Errorf("migrate registry %s: %w", r.display, err)
+	}
+	return r.prepare(ctx)
+}
+
+// prepare prepares the statements of every sync.
+func (r *Registry) prepare(ctx context.Context) error {
+	d := r.dialect
 	for _, p := range []struct {
 		stmt  **sql.Stmt
 		query string
 	}{
 		{&r.get, getSQL},
 		{&r.insert, insertSQL},
-		{&r.upsert, fmt.Sprintf(upsertSQL, fmt.Sprintf(src.dialect.validTime, "students.created_at"),
-			fmt.Sprintf(src.dialect.notNewer, "students.generation", "excluded.generation"))},
-		{&r.rewind, fmt.Sprintf(rewindSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
+		{&r.upsert, fmt.Sprintf(upsertSQL, fmt.Sprintf(d.validTime, "students.created_at"),
+			fmt.Sprintf(d.notNewer, "students.generation", "excluded.generation"))},
+		{&r.rewind, fmt.Sprintf(rewindSQL, fmt.Sprintf(d.validTime, "created_at"))},
 		{&r.del, deleteSQL},
-		{&r.release, fmt.Sprintf(releaseSQL, fmt.Sprintf(src.dialect.validTime, "created_at"),
-			fmt.Sprintf(src.dialect.notNewer, "generation", "$7"))},
+		{&r.release, fmt.Sprintf(releaseSQL, fmt.Sprintf(d.validTime, "created_at"),
+			fmt.Sprintf(d.notNewer, "generation", "$7"))},
 		{&r.delPolicy, deletePolicySQL},
-		{&r.releaseAsIs, fmt.Sprintf(releaseAsIsSQL, fmt.Sprintf(src.dialect.validTime, "created_at"))},
+		{&r.releaseAsIs, fmt.Sprintf(releaseAsIsSQL, fmt.Sprintf(d.validTime, "created_at"))},
 		{&r.fenceCheck, fenceCheckSQL},
 		{&r.recordPolicy, recordPolicySQL},
 		{&r.history, historyInsertSQL},
 	} {
-		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
-			return nil, errors.Join(fmt.Errorf("open registry %s: prepare statements: %w", src.display, err), r.Close())
+		stmt, err := r.db.PrepareContext(ctx, p.query)
+		if err != nil {
+			return fmt.Errorf("open registry %s: prepare statements: %w", r.display, err)
 		}
+		*p.stmt = stmt
 	}
-	return r, nil
+	return nil
 }
 
 // ping checks that the database answers. A connection to a new SQLite file switches
@@ -756,48 +810,6 @@ func affected(res sql.Result, err error) (int64, error) {
 		return 0, err
 	}
 	return res.RowsAffected()
-}
-
-// TakeFence takes owner's write fence for this registry: it sets the owner's token in
-// the registry to a new random one and holds it, and from then on every write of this
-// registry commits only while the owner's token is still its own. A controller takes
-// it when it starts to write (as it becomes the leader): any other controller of the
-// owner that still writes, a former leader resumed from a pause, a write of it that
-// waited on a lock, is then rolled back with ErrFenced. Random rather than counted, a
-// token never comes back: not after its row was deleted, nor after an owner renamed
-// away and back.
-func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return 0, err
-	}
-	token := int64(binary.BigEndian.Uint64(b[:])>>1) | 1 // positive: 0 means none
-	done, err := r.turn(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
-	}
-	defer done()
-	tx, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	// A former leader paused inside a write holds the fence row's lock: wait for it a
-	// while, then fail and let the caller retry (the server ends such a transaction:
-	// idle_in_transaction_session_timeout).
-	if err := limitLockWait(ctx, tx, r.dialect, 10*time.Second); err != nil {
-		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO fences (owner, token) VALUES ($1, $2)
-		ON CONFLICT (owner) DO UPDATE SET token = excluded.token`, owner, token); err != nil {
-		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
-	}
-	r.fenceOwner.Store(&owner)
-	r.fence.Store(token)
-	return token, nil
 }
 
 // changedOrAbsent reports whether a delete or release of rec changed a row (n rows): a

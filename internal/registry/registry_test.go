@@ -52,7 +52,12 @@ func TestRegistry(t *testing.T) {
 
 func open(t *testing.T, url string, clock *fakeClock) *registry.Registry {
 	t.Helper()
-	r, err := registry.Open(context.Background(), url, registry.Options{Now: clock.Now})
+	return openWith(t, url, registry.Options{Now: clock.Now})
+}
+
+func openWith(t *testing.T, url string, opts registry.Options) *registry.Registry {
+	t.Helper()
+	r, err := registry.Open(context.Background(), url, opts)
 	if err != nil {
 		t.Fatalf("open %s: %v", url, err)
 	}
@@ -570,9 +575,11 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 	})
 
-	t.Run("a write fenced by a newer writer is rolled back", func(t *testing.T) {
+	t.Run("the write fence is a lease: held, renewed, run out, given back", func(t *testing.T) {
 		url := newURL(t, b)
-		old, next := open(t, url, newFakeClock()), open(t, url, newFakeClock())
+		const lease = 300 * time.Millisecond
+		old := openWith(t, url, registry.Options{Now: newFakeClock().Now, Actor: "pod-old", LeaseDuration: lease})
+		next := openWith(t, url, registry.Options{Now: newFakeClock().Now, Actor: "pod-next", LeaseDuration: lease})
 		first, err := old.TakeFence(ctx, "ctl")
 		if err != nil || first <= 0 {
 			t.Fatalf("TakeFence: %d, %v; want a positive token", first, err)
@@ -580,8 +587,33 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if _, err := old.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
 			t.Fatal(err)
 		}
-		if tok, err := next.TakeFence(ctx, "ctl"); err != nil || tok <= 0 || tok == first {
-			t.Fatalf("TakeFence of the next leader: %d, %v; want a positive token other than %d", tok, err, first)
+		// A live holder keeps the fence: the next controller waits, and learns who holds it.
+		_, err = next.TakeFence(ctx, "ctl")
+		var held *registry.HeldError
+		if !errors.As(err, &held) || !errors.Is(err, registry.ErrHeld) || held.Holder != old.Holder() || held.For <= 0 || held.For > lease {
+			t.Fatalf("TakeFence while another holds it: %v; want a HeldError naming %s, for at most %v", err, old.Holder(), lease)
+		}
+		if !strings.HasPrefix(old.Holder(), "pod-old#") {
+			t.Errorf("holder %q; want the actor and a suffix", old.Holder())
+		}
+		// Renewals keep it past its first expiry.
+		for range 3 {
+			time.Sleep(lease / 3)
+			if err := old.RenewFence(ctx); err != nil {
+				t.Fatalf("RenewFence: %v", err)
+			}
+		}
+		if _, err := next.TakeFence(ctx, "ctl"); !errors.Is(err, registry.ErrHeld) {
+			t.Fatalf("TakeFence of a renewed fence: %v; want ErrHeld", err)
+		}
+		// A holder that stops renewing (crashed, paused) loses it once the lease runs out.
+		time.Sleep(lease + 100*time.Millisecond)
+		tok, err := next.TakeFence(ctx, "ctl")
+		if err != nil || tok <= 0 || tok == first {
+			t.Fatalf("TakeFence after the lease ran out: %d, %v; want a positive token other than %d", tok, err, first)
+		}
+		if err := old.RenewFence(ctx); !errors.Is(err, registry.ErrFenced) {
+			t.Errorf("RenewFence by the former holder: %v, want ErrFenced", err)
 		}
 		late := student("u1", "ctl")
 		late.School, late.Generation = "a late write", 2
@@ -597,11 +629,30 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if _, err := old.Relinquish(ctx, "u1", "ctl", "test"); !errors.Is(err, registry.ErrFenced) {
 			t.Errorf("Relinquish by the fenced writer: %v, want ErrFenced", err)
 		}
+		if _, err := old.TakeFence(ctx, "ctl"); !errors.Is(err, registry.ErrHeld) {
+			t.Errorf("the former holder taking it back while the next holds it: %v, want ErrHeld", err)
+		}
 		if got, err := next.Get(ctx, "u1"); err != nil || got.School != "深圳中学" || got.Owner != "ctl" {
 			t.Errorf("row after the fenced writes: %+v, %v; want it unchanged", got, err)
 		}
 		if _, err := next.Upsert(ctx, late, registry.Why{Cause: "test"}); err != nil {
 			t.Errorf("Upsert by the fence's holder: %v", err)
+		}
+		// Given back, it is free at once; a write of the one that gave it back is rolled back.
+		if err := next.ReleaseFence(ctx); err != nil {
+			t.Fatalf("ReleaseFence: %v", err)
+		}
+		third := openWith(t, url, registry.Options{Now: newFakeClock().Now, Actor: "pod-third"})
+		if _, err := third.TakeFence(ctx, "ctl"); err != nil {
+			t.Fatalf("TakeFence after it was given back: %v", err)
+		}
+		late.Generation = 3
+		if _, err := next.Upsert(ctx, late, registry.Why{Cause: "test"}); !errors.Is(err, registry.ErrFenced) {
+			t.Errorf("Upsert after giving the fence back: %v, want ErrFenced", err)
+		}
+		// Another owner's fence is its own.
+		if _, err := next.TakeFence(ctx, "other"); err != nil {
+			t.Errorf("TakeFence of another owner: %v", err)
 		}
 	})
 
@@ -700,8 +751,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		write(r.RecordPolicy(ctx, "u4", "ctl", registry.PolicyOrphan))
 		write(r.RecordPolicy(ctx, "u4", "ctl", registry.PolicyDelete)) // recorded already: nothing
 		// A write rolled back by the fence leaves no history either.
-		other := open(t, url, newFakeClock())
-		if _, err := other.TakeFence(ctx, "ctl"); err != nil {
+		if err := r.ReleaseFence(ctx); err != nil {
 			t.Fatal(err)
 		}
 		u3 := student("u3", "ctl")

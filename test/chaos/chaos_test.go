@@ -56,10 +56,13 @@ const (
 	faultPostgresKilled      = "PostgreSQL SIGKILLed, restarted"
 	faultLeaderPaused        = "leader SIGSTOPped past its Lease, then SIGCONT"
 	faultControllersOnDelete = "controller SIGKILLed (both replicas) while deletes arrive"
+	faultLeaderStopped       = "leader stopped (SIGTERM), hands the Lease and the registry's fence over"
+	faultClone               = "a clone of the cluster runs a controller on the same registry and owner"
 )
 
 func schedule(postgres bool) []string {
-	faults := []string{faultControllersKilled, faultAPIServerStopped, faultEtcdKilled, faultLeaderKilled, faultAPIServerKilled}
+	faults := []string{faultControllersKilled, faultAPIServerStopped, faultEtcdKilled, faultLeaderKilled, faultLeaderStopped,
+		faultClone, faultAPIServerKilled}
 	if postgres {
 		faults = append(faults, faultPostgresKilled)
 	}
@@ -108,7 +111,11 @@ type world struct {
 	cluster *cluster
 	pg      *pgtest.Server
 	ctrl    *controllers
-	loader  *loader
+	// bin, args and env run a controller; dir holds the run's logs and state.
+	bin, dir string
+	args     []string
+	env      []string
+	loader   *loader
 	checker *checker
 }
 
@@ -138,7 +145,7 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &world{t: t, cluster: c}
+	w := &world{t: t, cluster: c, bin: bin, dir: dir}
 
 	// The registry, and rows of another owner that must stay as they are.
 	var registryURL string
@@ -181,11 +188,13 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 		"--leader-elect-lease-duration", leaseDuration.String(),
 		"--leader-elect-renew-deadline", renewDeadline.String(),
 		"--leader-elect-retry-period", retryPeriod.String(),
+		"--registry-fence-lease", fenceLease.String(),
 		"-v=2",
 	}
 	if strings.HasPrefix(registryURL, "sqlite:") {
 		args = append(args, "--sqlite-shared-file") // the replicas share the one file
 	}
+	w.args, w.env = args, env
 	if w.ctrl, err = startControllers(bin, 2, args, env, dir); err != nil {
 		t.Fatal(err)
 	}
@@ -281,11 +290,17 @@ func (w *world) phase(ctx context.Context, fault string, ops []op, runStart time
 	}
 	struck := time.Now()
 	ph.StruckAt = duration(struck.Sub(runStart))
-	healed, takeover, err := w.strike(ctx, fault)
+	healed, takeover, err := w.strike(ctx, fault, &ph)
 	if err != nil {
 		w.t.Fatalf("%s: %v", fault, err)
 	}
 	ph.Outage = duration(healed.Sub(struck))
+	if ph.Writing > duration(writingLimit) {
+		w.t.Errorf("%s: a replica held the registry's fence %v after the leader stopped, more than %v", fault, ph.Writing, writingLimit)
+	}
+	if ph.CloneRowWrites > 0 || ph.CloneHeldFence {
+		w.t.Errorf("%s: the clone's controller wrote %d rows (held the fence: %v), want none", fault, ph.CloneRowWrites, ph.CloneHeldFence)
+	}
 	if takeover > 0 {
 		ph.Takeover = duration(takeover)
 		ph.TakeoverLimit = duration(takeoverLimit)
@@ -335,10 +350,19 @@ func (w *world) phase(ctx context.Context, fault string, ops []op, runStart time
 // renewal and once after the expiry.
 const takeoverLimit = leaseDuration + 2*retryPeriod*22/10 + time.Second
 
+// fenceLease is the replicas' --registry-fence-lease: as long as the Lease, so that the
+// fence of a killed leader runs out about when its Lease does.
+const fenceLease = leaseDuration
+
+// writingLimit bounds how long after the leader stops a replica holds the registry's
+// fence: the takeover, then the fence's lease if it has not run out by then (it was
+// renewed at most a third of it before the kill), then a retry.
+const writingLimit = takeoverLimit + fenceLease + time.Second
+
 // strike strikes fault and heals it: it returns when the struck part is back (or, for
 // the controller, when a replica leads again), and for a leader fault how long the
 // standby took to lead.
-func (w *world) strike(ctx context.Context, fault string) (healed time.Time, takeover time.Duration, err error) {
+func (w *world) strike(ctx context.Context, fault string, ph *phaseResult) (healed time.Time, takeover time.Duration, err error) {
 	c := w.cluster
 	switch fault {
 	case faultControllersKilled, faultControllersOnDelete:
@@ -363,9 +387,36 @@ func (w *world) strike(ctx context.Context, fault string) (healed time.Time, tak
 			return time.Time{}, 0, err
 		}
 		// The killed replica restarts after a second, under a new identity; whichever
-		// leads next took over.
+		// leads next took over, and writes once the killed one's fence has run out.
 		_, seen, err := w.ctrl.waitLeader(ctx, nil, time.Minute)
+		if err != nil {
+			return seen, 0, err
+		}
+		writing, err := w.ctrl.waitWriter(ctx, nil, time.Minute)
+		ph.Writing = duration(writing.Sub(killed))
 		return seen, seen.Sub(killed), err
+
+	case faultLeaderStopped:
+		leader, _, err := w.ctrl.waitLeader(ctx, nil, time.Minute)
+		if err != nil {
+			return time.Time{}, 0, fmt.Errorf("no leader to stop: %w", err)
+		}
+		stopped := time.Now()
+		if err := leader.Signal(syscall.SIGTERM); err != nil {
+			return time.Time{}, 0, err
+		}
+		// It drains, gives the fence and the Lease back and exits 0; its supervisor
+		// starts it again. The other replica leads and writes at once.
+		_, seen, err := w.ctrl.waitLeader(ctx, leader, time.Minute)
+		if err != nil {
+			return seen, 0, err
+		}
+		writing, err := w.ctrl.waitWriter(ctx, leader, time.Minute)
+		ph.Writing = duration(writing.Sub(stopped))
+		return seen, seen.Sub(stopped), err
+
+	case faultClone:
+		return w.clone(ctx, ph)
 
 	case faultLeaderPaused:
 		leader, _, err := w.ctrl.waitLeader(ctx, nil, time.Minute)

@@ -103,6 +103,25 @@ func (cs *controllers) waitLeader(ctx context.Context, not *replica, timeout tim
 	return nil, seen, err
 }
 
+// waitWriter waits until a replica other than not holds the registry's write fence,
+// and returns the time it was first seen so.
+func (cs *controllers) waitWriter(ctx context.Context, not *replica, timeout time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, r := range cs.replicas {
+			if r != not && r.Writing() {
+				return time.Now(), nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return time.Time{}, fmt.Errorf("no replica held the registry's write fence within %v", timeout)
+}
+
 // rowWrites is, for each replica that answers, how many registry rows it has written
 // (any action) since it last started.
 func (cs *controllers) rowWrites() map[*replica]int {

@@ -52,6 +52,14 @@ type phaseResult struct {
 	Outage        duration   `json:"outage"`
 	Takeover      duration   `json:"takeover,omitempty"`
 	TakeoverLimit duration   `json:"takeoverLimit,omitempty"`
+	// Writing is how long after the leader stopped a replica held the registry's
+	// write fence (it may write again).
+	Writing duration `json:"fenceTakenAfter,omitempty"`
+	// CloneRowWrites and CloneHeldFence are what the clone's controller did: nothing,
+	// or the fence failed.
+	CloneRowWrites int  `json:"cloneRowWrites,omitempty"`
+	CloneHeldFence bool `json:"cloneHeldFence,omitempty"`
+	CloneWaited    bool `json:"cloneWaited,omitempty"`
 	LoadTook      duration   `json:"loadTook"`
 	Recovery      duration   `json:"recovery"`
 	SinceStrike   duration   `json:"sinceStrike"`
@@ -99,10 +107,10 @@ func (rep *report) markdown() string {
 	fmt.Fprintf(&b, "# Chaos run, %s\n\n", rep.Started.Format("2006-01-02"))
 	fmt.Fprintf(&b, "`make chaos CHAOS_N=%d` (test/chaos): %d Students per registry, %s to %s UTC, on a %d-CPU machine. "+
 		"The harness runs etcd, kube-apiserver, PostgreSQL and two controller replicas (built with `-race`, leader election, "+
-		"Lease %v / renew %v / retry %v) itself, and restarts each on the same data and certificates. A loader creates, updates "+
+		"Lease %v / renew %v / retry %v, registry fence lease %v) itself, and restarts each on the same data and certificates. A loader creates, updates "+
 		"and deletes Students (one third Orphan, deletes one by one and by DeleteCollection), retrying through outages; each fault "+
 		"strikes once a third of its bulk is done. A replica that exits is started again after 1 s, as the kubelet would.\n\n",
-		rep.N, rep.N, rep.Started.Format("15:04"), rep.Finished.Format("15:04"), runtime.NumCPU(), leaseDuration, renewDeadline, retryPeriod)
+		rep.N, rep.N, rep.Started.Format("15:04"), rep.Finished.Format("15:04"), runtime.NumCPU(), leaseDuration, renewDeadline, retryPeriod, fenceLease)
 	b.WriteString("Recovery is from the end of the bulk and the fault (whichever is later) until every invariant below held, checked every 0.5 s " +
 		"over every Student and every row. During that time: the write requests to Students and their status that the API server answered (its metrics; the loader is done, so they are the controllers'), and the registry rows the controllers wrote (their metrics; a replica that restarts meanwhile counts from its restart).\n\n")
 	for _, run := range rep.Runs {
@@ -111,20 +119,26 @@ func (rep *report) markdown() string {
 			"the replicas exited %d times (faults and lost Leases); the generation watcher read the registry %d times.\n\n",
 			run.Took, run.Created, run.Updates, run.DeletedDelete+run.DeletedOrphan, run.DeletedDelete, run.DeletedOrphan, run.Live,
 			run.ControllerExits, run.GenerationReads)
-		b.WriteString("| # | Fault | Bulk (create/update/delete/batches) | Struck at | Down | Standby led after | Bulk took | Recovery | Student writes | Row writes | Invariants |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| # | Fault | Bulk (create/update/delete/batches) | Struck at | Down | Standby led after | Fence taken after | Bulk took | Recovery | Student writes | Row writes | Invariants |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for i, ph := range run.Phases {
-			takeover := "-"
+			takeover, writing := "-", "-"
 			if ph.Takeover > 0 {
 				takeover = fmt.Sprintf("%v (limit %v)", ph.Takeover, ph.TakeoverLimit)
+			}
+			if ph.Writing > 0 {
+				writing = fmt.Sprintf("%v (limit %v)", ph.Writing, duration(writingLimit))
+			}
+			if ph.Fault == faultClone {
+				writing = fmt.Sprintf("clone waited: %v, wrote %d rows", ph.CloneWaited, ph.CloneRowWrites)
 			}
 			held := "all held"
 			if !ph.Held {
 				held = fmt.Sprintf("**not all held**: %v", ph.Violations)
 			}
-			fmt.Fprintf(&b, "| %d | %s | %d/%d/%d/%d (%d Students) | %v | %v | %s | %v | %v | %d | %d | %s |\n",
+			fmt.Fprintf(&b, "| %d | %s | %d/%d/%d/%d (%d Students) | %v | %v | %s | %s | %v | %v | %d | %d | %s |\n",
 				i+1, ph.Fault, ph.Requests.Creates, ph.Requests.Updates, ph.Requests.Deletes, ph.Requests.BatchDeletes, ph.Requests.BatchStudents,
-				ph.StruckAt, ph.Outage, takeover, ph.LoadTook, ph.Recovery, ph.APIWrites, ph.RowWrites, held)
+				ph.StruckAt, ph.Outage, takeover, writing, ph.LoadTook, ph.Recovery, ph.APIWrites, ph.RowWrites, held)
 		}
 		b.WriteString("\nEnd state:\n\n")
 		for _, inv := range run.Final {

@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,8 +27,9 @@ const previousRelease = "90fdd8df4ca0d6c4fca639114ad80fffeb49931b"
 
 // TestUpgradeAndRollback: the previous release fills a registry and a cluster (Delete
 // and Orphan Students, some deleted); this build then runs on the same registry and
-// CRD: it migrates the schema, keeps every row, writes none again, and creates and
-// deletes as before. The previous release, started again on the migrated registry,
+// CRD, as a rolling update runs it: a standby beside the previous release, which
+// leads, it leaves the schema alone; once it leads it migrates the schema, keeps every
+// row, writes none again, and creates and deletes as before. The previous release, started again on the migrated registry,
 // refuses it, says why, and writes nothing.
 func TestUpgradeAndRollback(t *testing.T) {
 	ctx := context.Background()
@@ -33,8 +37,10 @@ func TestUpgradeAndRollback(t *testing.T) {
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	client := students(ns)
 	path := filepath.Join(t.TempDir(), "registry.db")
+	leaseRBAC(t, ns)
 	args := []string{"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--registry", "sqlite://" + path,
-		"--registry-owner", owner, "--sweep-interval", "2s"}
+		"--registry-owner", owner, "--sweep-interval", "2s",
+		"--leader-elect", "--sqlite-shared-file", "--leader-elect-namespace", ns}
 
 	before := startBinary(t, "previous-release", old, nil, args...)
 	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"d1": "Delete", "d2": "Delete", "o1": "Orphan", "o2": "Orphan"})
@@ -45,7 +51,6 @@ func TestUpgradeAndRollback(t *testing.T) {
 		}
 	}
 	waitAllReady(t, ns, 2, time.Minute)
-	stop(t, before)
 	db := registrytest.OpenSQLite(t, path)
 	if v := schemaVersion(t, db); v != 4 {
 		t.Fatalf("the previous release left schema %d, want 4", v)
@@ -59,10 +64,21 @@ func TestUpgradeAndRollback(t *testing.T) {
 		t.Fatalf("the previous release's rows: %+v; want d1, o1 and o2 released", rowsBefore)
 	}
 
-	// The upgrade.
+	// The upgrade, rolling: this build stands by while the previous release leads, and
+	// leaves the schema alone; it migrates once it leads.
 	after := startProcess(t, "this-build", args...)
+	waitFor(t, 30*time.Second, "this build ready as a standby", func() bool {
+		code, _, _ := get("http://" + after.ProbeAddr + "/readyz")
+		return code == 200
+	})
+	time.Sleep(3 * time.Second)
+	if v := schemaVersion(t, db); v != 4 {
+		t.Fatalf("a standby of this build migrated the registry to schema %d under the previous release's leader", v)
+	}
+	stop(t, before)
 	waitAllReady(t, ns, 2, time.Minute)
-	eventually(t, 30*time.Second, "schema 5", func(context.Context) (bool, error) { return schemaVersion(t, db) == 5, nil })
+	newest := newestSchema(t)
+	eventually(t, 30*time.Second, fmt.Sprintf("schema %d", newest), func(context.Context) (bool, error) { return schemaVersion(t, db) == newest, nil })
 	// Two sweeps later nothing was written again: every row as it was.
 	time.Sleep(5 * time.Second)
 	for uid, r := range rowsBefore {
@@ -92,7 +108,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 		t.Fatal("the previous release did not exit on a registry of a newer schema")
 	}
 	if err == nil || !strings.Contains(back.Output(), "newer than this controller knows") {
-		t.Errorf("the previous release on schema 5: exit %v; want a failure naming the newer schema:\n%s", err, back.Output())
+		t.Errorf("the previous release on schema %d: exit %v; want a failure naming the newer schema:\n%s", newest, err, back.Output())
 	}
 	if got := sqliteRows(t, db); len(got) != len(rowsAfter) || historyCount(t, db) != history {
 		t.Errorf("the previous release wrote: %d rows and %d history rows, were %d and %d", len(got), historyCount(t, db), len(rowsAfter), history)
@@ -121,6 +137,21 @@ func stop(t *testing.T, p *process) {
 	if err := p.wait(45 * time.Second); err != nil {
 		t.Fatalf("%s's exit: %v", p.Name(), err)
 	}
+}
+
+// newestSchema is the version of this build's newest migration.
+func newestSchema(t *testing.T) int {
+	t.Helper()
+	migrations, err := os.ReadDir(filepath.Join(env.Root, "internal/registry/migrations/sqlite"))
+	if err != nil || len(migrations) == 0 {
+		t.Fatalf("read the migrations: %v", err)
+	}
+	prefix, _, _ := strings.Cut(migrations[len(migrations)-1].Name(), "_")
+	v, err := strconv.Atoi(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // schemaVersion is the registry's schema version.

@@ -180,6 +180,13 @@ func (c *Controller) Leading() bool {
 	return err == nil && testenv.MetricSum(body, "leader_election_master_status", nil) == 1
 }
 
+// Writing says whether c reports that it holds its owner's write fence in the
+// registry (student_controller_registry_fence_held is 1): it may write.
+func (c *Controller) Writing() bool {
+	body, err := testenv.Scrape(c.MetricsAddr, leaderScrapeTimeout)
+	return err == nil && testenv.MetricSum(body, "student_controller_registry_fence_held", nil) == 1
+}
+
 // WaitLeader waits until one of cs other than not leads, and returns it with the time
 // it was first seen leading.
 func WaitLeader(ctx context.Context, timeout time.Duration, not *Controller, cs ...*Controller) (*Controller, time.Time, error) {

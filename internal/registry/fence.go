@@ -1,0 +1,156 @@
+package registry
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"time"
+)
+
+// DefaultLeaseDuration is how long a write fence stays its holder's without a renewal
+// when Options leave it to the registry.
+const DefaultLeaseDuration = 15 * time.Second
+
+// HeldError is TakeFence's answer while another controller holds the owner's fence.
+type HeldError struct {
+	Owner, Holder string
+	// For is how long the holder's lease still runs unless renewed.
+	For time.Duration
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("the write fence of owner %q is held by %s for %v more unless renewed: another controller of this owner is live",
+		e.Owner, e.Holder, e.For.Round(time.Millisecond))
+}
+
+// Is makes a HeldError an ErrHeld.
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// Holder names this registry in the fences it takes: Options.Actor and a suffix drawn
+// when it was opened.
+func (r *Registry) Holder() string { return r.holder }
+
+// TakeFence takes owner's write fence for this registry, when no other controller holds
+// it: it sets the owner's token to a new random one, names this registry its holder,
+// and leases it for Options.LeaseDuration, in the registry's clock. From then on every
+// write of this registry commits only while the owner's token is still its own.
+//
+// While another holder's lease runs, TakeFence changes nothing and returns a *HeldError
+// naming it: a clone of the cluster, a second Deployment or a laptop with the same
+// owner waits instead of writing. A holder that stops gracefully gives the fence back
+// (ReleaseFence); one that crashed or lost the registry for longer than the lease is
+// taken over, and its late writes (a paused leader's, one that waited on a lock) are
+// rolled back with ErrFenced. Random rather than counted, a token never comes back:
+// not after its row was deleted, nor after an owner renamed away and back.
+func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, err
+	}
+	token := int64(binary.BigEndian.Uint64(b[:])>>1) | 1 // positive: 0 means none
+	fail := func(err error) (int64, error) {
+		return 0, fmt.Errorf("take the write fence of owner %q: %w", owner, err)
+	}
+	done, err := r.turn(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer done()
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	// A former holder paused inside a write holds the fence row's lock: wait for it a
+	// while, then fail and let the caller retry (the server ends such a transaction:
+	// idle_in_transaction_session_timeout).
+	if err := limitLockWait(ctx, tx, r.dialect, 10*time.Second); err != nil {
+		return fail(err)
+	}
+	taken, err := affected(tx.ExecContext(ctx, `INSERT INTO fences (owner, token, holder, expires_at) VALUES ($1, $2, $4, `+r.dialect.inMillis+`)
+		ON CONFLICT (owner) DO UPDATE SET token = excluded.token, holder = excluded.holder, expires_at = excluded.expires_at
+		WHERE fences.holder IS NULL OR fences.expires_at IS NULL OR fences.expires_at <= `+r.dialect.clock+` OR fences.holder = excluded.holder`,
+		owner, token, r.lease.Milliseconds(), r.holder))
+	if err != nil {
+		return fail(err)
+	}
+	if taken == 0 {
+		held := &HeldError{Owner: owner}
+		var ms int64
+		if err := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT holder, %s FROM fences WHERE owner = $1`,
+			fmt.Sprintf(r.dialect.untilMillis, "expires_at")), owner).Scan(&held.Holder, &ms); err != nil {
+			return fail(err)
+		}
+		held.For = time.Duration(max(ms, 0)) * time.Millisecond
+		return 0, held
+	}
+	if err := tx.Commit(); err != nil {
+		return fail(err)
+	}
+	r.fenceOwner.Store(&owner)
+	r.fence.Store(token)
+	return token, nil
+}
+
+// RenewFence extends the lease of the fence this registry holds by Options.LeaseDuration
+// from now, in the registry's clock. ErrFenced when another controller took the fence
+// (this one's lease ran out first) or it was given back; nothing to do when this
+// registry took none.
+func (r *Registry) RenewFence(ctx context.Context) error {
+	token := r.fence.Load()
+	if token == 0 {
+		return nil
+	}
+	owner := *r.fenceOwner.Load()
+	done, err := r.turn(ctx)
+	if err != nil {
+		return fmt.Errorf("renew the write fence of owner %q: %w", owner, err)
+	}
+	defer done()
+	n, err := affected(r.db.ExecContext(ctx, `UPDATE fences SET expires_at = `+r.dialect.inMillis+` WHERE owner = $1 AND token = $2`,
+		owner, token, r.lease.Milliseconds()))
+	switch {
+	case err != nil:
+		return fmt.Errorf("renew the write fence of owner %q: %w", owner, err)
+	case n == 0:
+		return fmt.Errorf("renew the write fence %d of owner %q: %w", token, owner, ErrFenced)
+	}
+	return nil
+}
+
+// ReleaseFence gives back the fence this registry holds, so that the next controller
+// takes it at once: the owner's token becomes 0, which no holder has, so a write of
+// this registry that still comes is rolled back. Call it once the writes have drained.
+// Nothing to do when this registry holds none, or no longer.
+func (r *Registry) ReleaseFence(ctx context.Context) error {
+	token := r.fence.Load()
+	if token == 0 {
+		return nil
+	}
+	owner := *r.fenceOwner.Load()
+	done, err := r.turn(ctx)
+	if err != nil {
+		return fmt.Errorf("give back the write fence of owner %q: %w", owner, err)
+	}
+	defer done()
+	if _, err := r.db.ExecContext(ctx, `UPDATE fences SET token = 0, holder = NULL, expires_at = NULL WHERE owner = $1 AND token = $2`,
+		owner, token); err != nil {
+		return fmt.Errorf("give back the write fence of owner %q: %w", owner, err)
+	}
+	return nil
+}
+
+// LeaseDuration is how long the fence stays this registry's without a renewal.
+func (r *Registry) LeaseDuration() time.Duration { return r.lease }
+
+// randomSuffix is 8 random hex digits, or "unknown" in the unlikely case that the
+// system has no randomness to give.
+func randomSuffix() string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "unknown"
+	}
+	return hex.EncodeToString(b[:])
+}
