@@ -116,7 +116,7 @@ type world struct {
 	args     []string
 	env      []string
 	loader   *loader
-	checker *checker
+	checker  *checker
 }
 
 func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {

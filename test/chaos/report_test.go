@@ -46,27 +46,27 @@ type runResult struct {
 
 // phaseResult is one bulk and its fault.
 type phaseResult struct {
-	Fault         string     `json:"fault"`
-	Requests      opCounts   `json:"requests"`
-	StruckAt      duration   `json:"struckAt"`
-	Outage        duration   `json:"outage"`
-	Takeover      duration   `json:"takeover,omitempty"`
-	TakeoverLimit duration   `json:"takeoverLimit,omitempty"`
+	Fault         string   `json:"fault"`
+	Requests      opCounts `json:"requests"`
+	StruckAt      duration `json:"struckAt"`
+	Outage        duration `json:"outage"`
+	Takeover      duration `json:"takeover,omitempty"`
+	TakeoverLimit duration `json:"takeoverLimit,omitempty"`
 	// Writing is how long after the leader stopped a replica held the registry's
 	// write fence (it may write again).
 	Writing duration `json:"fenceTakenAfter,omitempty"`
 	// CloneRowWrites and CloneHeldFence are what the clone's controller did: nothing,
 	// or the fence failed.
-	CloneRowWrites int  `json:"cloneRowWrites,omitempty"`
-	CloneHeldFence bool `json:"cloneHeldFence,omitempty"`
-	CloneWaited    bool `json:"cloneWaited,omitempty"`
-	LoadTook      duration   `json:"loadTook"`
-	Recovery      duration   `json:"recovery"`
-	SinceStrike   duration   `json:"sinceStrike"`
-	APIWrites     int        `json:"apiWritesDuringRecovery"`
-	RowWrites     int        `json:"rowWritesDuringRecovery"`
-	Held          bool       `json:"held"`
-	Violations    violations `json:"violations,omitempty"`
+	CloneRowWrites int        `json:"cloneRowWrites,omitempty"`
+	CloneHeldFence bool       `json:"cloneHeldFence,omitempty"`
+	CloneWaited    bool       `json:"cloneWaited,omitempty"`
+	LoadTook       duration   `json:"loadTook"`
+	Recovery       duration   `json:"recovery"`
+	SinceStrike    duration   `json:"sinceStrike"`
+	APIWrites      int        `json:"apiWritesDuringRecovery"`
+	RowWrites      int        `json:"rowWritesDuringRecovery"`
+	Held           bool       `json:"held"`
+	Violations     violations `json:"violations,omitempty"`
 }
 
 type invariantResult struct {
