@@ -101,7 +101,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.fenceLease, "registry-fence-lease", registry.DefaultLeaseDuration,
 		"How long the registry's write fence for the owner stays this controller's without a renewal (renewed every third of it, in the registry's clock). "+
 			"Another controller of the same owner (a cloned cluster, a second install) waits while it runs; a crashed holder's fence is taken over after it, "+
-			"a stopped one's at once.")
+			"a stopped one's within a second.")
 	fs.IntVar(&o.sweepMaxDeletionPercent, "sweep-max-deletion-percent", 50,
 		"A sweep that would let go of more than this share of the rows the owner holds (at least one row) lets go of none and reports it.")
 	fs.DurationVar(&o.historyRetention, "history-retention", 90*24*time.Hour,

@@ -215,14 +215,31 @@ func takeFence(ctx context.Context, reg *registry.Registry, owner string, metric
 			logger.V(2).Info("Still waiting for the registry owner's write fence", "holder", held.Holder, "for", held.For)
 		}
 		metrics.ObserveFence(false, true)
-		// Try again when its lease would run out: at once after a crash, and about once
-		// a lease while the holder lives.
+		// Try again every second (a holder that stops gives the fence back), or when its
+		// lease would run out, if sooner (a holder that crashed).
 		select {
 		case <-ctx.Done():
 			return false
-		case <-time.After(held.For + 50*time.Millisecond):
+		case <-time.After(min(held.For+50*time.Millisecond, fencePoll)):
 		}
 	}
+}
+
+// fencePoll is how often a controller that waits for another's fence asks again.
+const fencePoll = time.Second
+
+// releaseFence gives the write fence back, so that the next controller takes it at
+// once; on failure it says that the next one waits for the lease to run out.
+func releaseFence(ctx context.Context, reg *registry.Registry, metrics *controller.Metrics) {
+	logger := klog.FromContext(ctx)
+	release, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	defer metrics.ObserveFence(false, false)
+	if err := reg.ReleaseFence(release); err != nil {
+		logger.Error(err, "Could not give back the registry's write fence: the next controller waits for its lease to run out")
+		return
+	}
+	logger.Info("Gave back the registry owner's write fence")
 }
 
 // holdFence renews the write fence every third of its lease until ctx ends, and then
@@ -237,17 +254,13 @@ func holdFence(ctx context.Context, reg *registry.Registry, metrics *controller.
 	for {
 		select {
 		case <-ctx.Done():
-			release, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := reg.ReleaseFence(release); err != nil {
-				logger.Error(err, "Could not give back the registry's write fence: the next controller waits for its lease to run out")
-				return nil
-			}
-			logger.Info("Gave back the registry owner's write fence")
+			releaseFence(ctx, reg, metrics)
 			return nil
 		case <-tick.C:
 		}
-		err := reg.RenewFence(ctx)
+		renewCtx, cancel := context.WithTimeout(ctx, reg.LeaseDuration()/3)
+		err := reg.RenewFence(renewCtx)
+		cancel()
 		switch {
 		case errors.Is(err, registry.ErrFenced):
 			return err

@@ -157,10 +157,24 @@ func run(ctx context.Context, opts options) error {
 	// former writer's late write (a paused leader's, one that waited on a lock) is
 	// rolled back.
 	work := func(ctx context.Context) error {
+		// Where the fence is a lease already, it comes first: a controller that finds
+		// another live one (a clone's, a newer version's) waits before it changes
+		// anything, the schema included. An older schema's fence has no holder to wait
+		// for: the schema goes first.
+		fenced := false
+		if lease, err := writable.FenceIsLease(ctx); err == nil && lease {
+			if !takeFence(ctx, writable, opts.owner, metrics, &fenceHolder) {
+				return nil
+			}
+			fenced = true
+		}
 		if ok, err := startWriting(ctx, opts, writable, cluster); !ok {
+			if fenced {
+				releaseFence(ctx, writable, metrics)
+			}
 			return err
 		}
-		if !takeFence(ctx, writable, opts.owner, metrics, &fenceHolder) {
+		if !fenced && !takeFence(ctx, writable, opts.owner, metrics, &fenceHolder) {
 			return nil
 		}
 		workCtx, stopWork := context.WithCancel(ctx)

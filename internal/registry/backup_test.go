@@ -129,3 +129,32 @@ func TestSchemaLeftAlone(t *testing.T) {
 		t.Errorf("CheckSchema after a newer program migrated: %v, want ErrSchemaNewer", err)
 	}
 }
+
+// TestMigrateAgainAfterAFailedPrepare: a registry opened with MigrateLater whose first
+// Migrate failed while preparing its statements (here the history table is away for a
+// moment) is whole after the next Migrate: no write meets a statement left unprepared.
+func TestMigrateAgainAfterAFailedPrepare(t *testing.T) {
+	ctx := context.Background()
+	url, db := registrytest.SQLiteBackend().New(t)
+	open(t, url, newFakeClock()).Close()
+	r, err := registry.Open(ctx, url, registry.Options{MigrateLater: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if _, err := db.Exec(`ALTER TABLE student_history RENAME TO student_history_away`); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Migrate(ctx); err == nil {
+		t.Fatal("Migrate without the history table succeeded, want a failure to prepare")
+	}
+	if _, err := db.Exec(`ALTER TABLE student_history_away RENAME TO student_history`); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
+		t.Errorf("Upsert after Migrate succeeded again: %v", err)
+	}
+}

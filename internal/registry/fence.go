@@ -28,6 +28,21 @@ func (e *HeldError) Error() string {
 // Is makes a HeldError an ErrHeld.
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
+// leaseSchema is the schema version from which the fence is a lease (0006).
+const leaseSchema = 6
+
+// FenceIsLease reports whether the registry's schema makes the fence a lease (version
+// 6 or newer), so that TakeFence can wait for a live holder before anything else is
+// written, the schema's migration included. An older schema's fence has no holder: a
+// controller migrates it first.
+func (r *Registry) FenceIsLease(ctx context.Context) (bool, error) {
+	v, err := schemaVersion(ctx, r.db, r.dialect)
+	if err != nil {
+		return false, fmt.Errorf("registry %s: %w", r.display, err)
+	}
+	return v >= leaseSchema, nil
+}
+
 // Holder names this registry in the fences it takes: Options.Actor and a suffix drawn
 // when it was opened.
 func (r *Registry) Holder() string { return r.holder }

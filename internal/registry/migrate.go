@@ -141,6 +141,19 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time, lockTim
 	return nil
 }
 
+// schemaVersion is the registry's schema version; 0 when it has none.
+func schemaVersion(ctx context.Context, db *sql.DB, d *dialect) (int, error) {
+	var exists bool
+	if err := db.QueryRowContext(ctx, d.tableExists, "schema_migrations").Scan(&exists); err != nil || !exists {
+		return 0, err
+	}
+	var version sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&version); err != nil {
+		return 0, fmt.Errorf("read the schema's version: %w", err)
+	}
+	return int(version.Int64), nil
+}
+
 // checkSchema tells whether the schema is the one migrate brings the database to, for
 // a registry opened read-only: ErrNoSchema when it has none, an error saying which
 // versions when it is older or newer.

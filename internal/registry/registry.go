@@ -310,10 +310,10 @@ func (r *Registry) Migrate(ctx context.Context) error {
 	return r.prepare(ctx)
 }
 
-// prepare prepares the statements of every sync.
+// prepare prepares the statements of every sync: all of them, or on an error none.
 func (r *Registry) prepare(ctx context.Context) error {
 	d := r.dialect
-	for _, p := range []struct {
+	stmts := []struct {
 		stmt  **sql.Stmt
 		query string
 	}{
@@ -330,12 +330,20 @@ func (r *Registry) prepare(ctx context.Context) error {
 		{&r.fenceCheck, fenceCheckSQL},
 		{&r.recordPolicy, recordPolicySQL},
 		{&r.history, historyInsertSQL},
-	} {
+	}
+	prepared := make([]*sql.Stmt, 0, len(stmts))
+	for _, p := range stmts {
 		stmt, err := r.db.PrepareContext(ctx, p.query)
 		if err != nil {
+			for _, done := range prepared {
+				_ = done.Close()
+			}
 			return fmt.Errorf("open registry %s: prepare statements: %w", r.display, err)
 		}
-		*p.stmt = stmt
+		prepared = append(prepared, stmt)
+	}
+	for i, p := range stmts {
+		*p.stmt = prepared[i]
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
@@ -148,4 +150,42 @@ func equalRows(a, b map[string]row) bool {
 		}
 	}
 	return true
+}
+
+// TestWaitingChangesNothing: a controller that finds its owner's fence held by another
+// live controller changes nothing in the registry while it waits, not even the owner's
+// cluster binding (or, for a newer version, the schema): it waits first.
+func TestWaitingChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	path := filepath.Join(t.TempDir(), "registry.db")
+	const waiter = "waiting-owner"
+	holder, err := registry.Open(ctx, "sqlite://"+path, registry.Options{Actor: "the-other-controller", LeaseDuration: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.TakeFence(ctx, waiter); err != nil {
+		t.Fatal(err)
+	}
+	p := startProcess(t, "controller", "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns,
+		"--registry", "sqlite://"+path, "--registry-owner", waiter)
+	waitFor(t, 30*time.Second, "the controller to wait for the other's fence", func() bool {
+		code, body, _ := get("http://" + p.ProbeAddr + "/readyz")
+		return code == 503 && strings.Contains(body, holder.Holder())
+	})
+	if _, err := holder.BindingOf(ctx, waiter); !errors.Is(err, registry.ErrNotFound) {
+		t.Errorf("the waiting controller's owner binding: %v, want none: it bound the owner before it waited", err)
+	}
+	// Given back, the fence is the waiting controller's within its poll.
+	if err := holder.ReleaseFence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the controller to take the fence given back", func() bool {
+		code, _, _ := get("http://" + p.ProbeAddr + "/readyz")
+		return code == 200
+	})
+	if b, err := holder.BindingOf(ctx, waiter); err != nil || b.Cluster == "" {
+		t.Errorf("the owner's binding once the controller writes: %+v, %v", b, err)
+	}
 }
