@@ -135,16 +135,21 @@ fuzz: controlplane ## Run one fuzz target (FUZZ, default FuzzParseURL) for FUZZT
 	if [[ -z "$$pkg" ]]; then echo "no fuzz target $(FUZZ)"; exit 2; fi; \
 	go test -run '^$$' -fuzz '^$(FUZZ)$$' -fuzztime $(FUZZTIME) -timeout 0 "$$pkg"
 
+# Where make bench and make bench-registry write their results: bench/out (ignored by
+# git) unless RESULTS=bench/results publishes them over the committed set.
+RESULTS ?= bench/out
+
 .PHONY: bench-registry
-bench-registry: ## Time a registry row write (SQLite NORMAL and FULL, fenced or not; PostgreSQL), and 8 at once on SQLite (group commit, the busy handler alone, group commit over 100000 rows), into bench/results/registry-writes.txt; then a new Student's row (Get then upsert, against Insert), the two alternating, into bench/results/new-student-row.txt.
-	go test -run '^$$' -bench '^BenchmarkWrite(Concurrent)?$$' -benchtime 2000x -count 5 ./internal/registry | tee bench/results/registry-writes.txt
-	for i in 1 2 3 4 5 6; do go test -run '^$$' -bench '^BenchmarkNewStudentRow$$' -benchtime 2000x ./internal/registry || exit 1; done | tee bench/results/new-student-row.txt
+bench-registry: ## Time a registry row write (SQLite NORMAL and FULL, fenced or not; PostgreSQL), and 8 at once on SQLite (group commit, the busy handler alone, group commit over 100000 rows), into $(RESULTS)/registry-writes.txt; then a new Student's row (Get then upsert, against Insert), the two alternating, into $(RESULTS)/new-student-row.txt.
+	mkdir -p $(RESULTS)
+	go test -run '^$$' -bench '^BenchmarkWrite(Concurrent)?$$' -benchtime 2000x -count 5 ./internal/registry | tee $(RESULTS)/registry-writes.txt
+	for i in 1 2 3 4 5 6; do go test -run '^$$' -bench '^BenchmarkNewStudentRow$$' -benchtime 2000x ./internal/registry || exit 1; done | tee $(RESULTS)/new-student-row.txt
 
 BENCH_N ?= 10000
 
 .PHONY: bench
-bench: controlplane ## Benchmark against the alternatives; results in bench/results (BENCH_N=500 for a quick run).
+bench: controlplane ## Benchmark against the alternatives; results in bench/out, or RESULTS=bench/results to publish them (BENCH_N=500 for a quick run).
 	@# Built, then run: `go run` does not pass SIGTERM on, and the bench must get it to stop
 	@# its contender and control plane.
 	go build -trimpath -o bin/bench ./test/bench
-	bin/bench -n $(BENCH_N) -out bench/results
+	bin/bench -n $(BENCH_N) -out $(RESULTS)

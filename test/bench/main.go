@@ -1,6 +1,7 @@
 // Command bench measures student-controller against the alternatives a user would
-// pick, on the real local control plane, and writes bench/results: a Markdown table,
-// JSON, and a chart of Ready Students over time. `make bench` runs it; BENCH_N sets N.
+// pick, on the real local control plane, and writes into its results folder (-out:
+// bench/out by default; bench/results is the committed set) a Markdown table, JSON,
+// and a chart of Ready Students over time. `make bench` runs it; BENCH_N sets N.
 //
 // Every contender gets the same loader, the same control plane, the same N, a fresh
 // namespace and an empty registry, one after another in one invocation.
@@ -37,7 +38,7 @@ func main() {
 	// (a first run spends longer building).
 	ctrllog.SetLogger(logr.Discard())
 	n := flag.Int("n", 500, "Students per contender")
-	out := flag.String("out", "bench/results", "folder for the results")
+	out := flag.String("out", "bench/out", "folder for the results (bench/results is the committed set)")
 	scratch := flag.String("scratch", "bench/scratch", "folder for binaries, registries and logs (not committed)")
 	phase := flag.Duration("phase-timeout", 0, "longest a phase (converge, restart, delete) may take before it is cut off and projected; default scales with N")
 	deletePhase := flag.Duration("peer-delete-timeout", 0, "longest the peer's ("+peer+") delete phase may take, when it should be shorter than -phase-timeout: no target reads it, and at N = 100000 it crawls")
