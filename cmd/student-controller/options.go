@@ -25,6 +25,7 @@ type options struct {
 	burst                   int
 	workers                 int
 	registryURL             string
+	registry                registry.URL // registryURL, parsed by parseRegistry
 	passwordFile            string
 	maxOpenConns            int
 	maxIdleConns            int
@@ -192,6 +193,13 @@ const (
 	resyncWithoutSweep = 10 * time.Minute
 )
 
+// parseRegistry parses --registry, once: every use of the registry takes the parsed URL.
+func (o *options) parseRegistry() error {
+	u, err := registry.ParseURL(o.registryURL)
+	o.registry = u
+	return err
+}
+
 // validate refuses flag combinations that cannot work, and settles what depends on
 // more than one flag (the scope; the resync's default with the sweep off).
 func (o *options) validate() error {
@@ -224,12 +232,15 @@ func (o *options) validate() error {
 	if o.sweepMaxDeletionPercent < 1 || o.sweepMaxDeletionPercent > 100 {
 		errs = append(errs, fmt.Errorf("--sweep-max-deletion-percent must be within 1 and 100, got %d", o.sweepMaxDeletionPercent))
 	}
-	if registry.HasPassword(o.registryURL) {
+	if err := o.parseRegistry(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.registry.HasPassword() {
 		errs = append(errs, errors.New("--registry holds a password, which would show in the process list, the Pod's spec and "+
 			"the release's values: leave it out of the URL and give it with --registry-password-file (a mounted Secret; the "+
 			"chart's registry.passwordSecret) or the REGISTRY_PASSWORD environment variable"))
 	}
-	sqlite := strings.HasPrefix(o.registryURL, "sqlite:")
+	sqlite := o.registry.SQLite()
 	if sqlite && o.passwordFile != "" {
 		errs = append(errs, errors.New("--registry-password-file with a SQLite registry: SQLite takes no password"))
 	}

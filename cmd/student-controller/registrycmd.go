@@ -54,6 +54,10 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
+	if err := opts.parseRegistry(); err != nil {
+		fmt.Fprintf(stderr, "student-controller registry %s: %v\n", args[0], err)
+		return 1
+	}
 	var err error
 	switch {
 	case fs.NArg() > 0:
@@ -127,7 +131,7 @@ func moveCluster(ctx context.Context, opts options, from string, migrate bool, s
 // openForCommand opens the registry for a subcommand that writes: its schema as it is,
 // unless migrate says to bring it up to this program's.
 func openForCommand(ctx context.Context, opts options, migrate bool) (*registry.Registry, error) {
-	reg, err := registry.Open(ctx, opts.registryURL, registry.Options{Password: opts.registryPassword(), KeepSchema: !migrate})
+	reg, err := registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), KeepSchema: !migrate})
 	if errors.Is(err, registry.ErrSchemaOlder) {
 		return nil, fmt.Errorf("%w. Nothing was changed. Run it again with --migrate to migrate the schema first; "+
 			"controllers of the older version refuse the registry afterwards, so stop them first", err)
@@ -137,10 +141,10 @@ func openForCommand(ctx context.Context, opts options, migrate bool) (*registry.
 
 // backup copies a SQLite registry to the new file to, and says what the copy holds.
 func backup(ctx context.Context, opts options, to string, stdout io.Writer) error {
-	c, err := registry.Backup(ctx, opts.registryURL, to)
+	c, err := registry.Backup(ctx, opts.registry, to)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "registry %s: backed up to %s (%d rows, %d history rows)\n", displayURL(opts.registryURL), c.Path, c.Rows, c.History)
+	fmt.Fprintf(stdout, "registry %s: backed up to %s (%d rows, %d history rows)\n", opts.registry, c.Path, c.Rows, c.History)
 	return nil
 }

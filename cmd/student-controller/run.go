@@ -157,39 +157,30 @@ func run(ctx context.Context, opts options) error {
 	// former writer's late write (a paused leader's, one that waited on a lock) is
 	// rolled back.
 	work := func(ctx context.Context) error {
-		// Where the fence is a lease already, it comes first: a controller that finds
-		// another live one (a clone's, a newer version's) waits before it changes
-		// anything, the schema included. An older schema's fence has no holder to wait
-		// for: the schema goes first.
-		fenced := false
-		if lease, err := writable.FenceIsLease(ctx); err == nil && lease {
-			if !takeFence(ctx, writable, opts.owner, metrics, &fenceHolder) {
-				return nil
-			}
-			fenced = true
-		}
-		if ok, err := startWriting(ctx, opts, writable, cluster); !ok {
-			if fenced {
-				releaseFence(ctx, writable, metrics)
-			}
+		ok, err := writable.Lead(ctx, opts.owner, cluster, func(held *registry.HeldError) {
+			fenceHolder.Store(&held.Holder)
+			metrics.ObserveFence(false, true)
+		})
+		fenceHolder.Store(nil)
+		if !ok {
+			metrics.ObserveFence(false, false)
 			return err
 		}
-		if !fenced && !takeFence(ctx, writable, opts.owner, metrics, &fenceHolder) {
-			return nil
-		}
+		metrics.ObserveFence(true, false)
 		workCtx, stopWork := context.WithCancel(ctx)
 		defer stopWork()
 		fenceCtx, stopFence := context.WithCancel(context.WithoutCancel(ctx))
 		defer stopFence()
 		lost := make(chan error, 1)
 		go func() {
-			err := holdFence(fenceCtx, writable, metrics)
+			err := writable.Hold(fenceCtx)
+			metrics.ObserveFence(false, false)
 			if err != nil {
 				stopWork()
 			}
 			lost <- err
 		}()
-		err := writable.CheckSchema(workCtx) // a newer version may have migrated it meanwhile
+		err = writable.CheckSchema(workCtx) // a newer version may have migrated it meanwhile
 		if err == nil {
 			err = drained(workCtx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
 		}
@@ -235,38 +226,31 @@ func podReference() *corev1.ObjectReference {
 	}
 }
 
-// open opens the registry: to write (writable; work migrates it and binds the owner to
-// this cluster once it leads), or
-// read-only for --dry-run (a dryRunRegistry; writable nil), and what closes it. A nil
-// registry and no error when ctx ends first.
+// open opens the registry: to write (writable; work makes it this controller's once it
+// leads), or read-only for --dry-run (a dryRunRegistry; writable nil); and the cluster
+// the controller works in, and what closes it. A nil registry and no error when ctx ends first.
 func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (reg interface {
 	controller.Registry
 	String() string
 }, writable *registry.Registry, cluster string, closeRegistry func() error, err error) {
-	if !opts.dryRun {
-		r, cluster, err := openRegistry(ctx, opts, kubeClient)
-		if err != nil || r == nil {
-			return nil, nil, "", nil, err
-		}
-		return r, r, cluster, r.Close, nil
+	clusterOf := func(ctx context.Context) (string, error) {
+		ctx, cancel := context.WithTimeout(ctx, opts.syncTimeout)
+		defer cancel()
+		return clusterID(ctx, kubeClient)
 	}
-	if err := registry.CheckURL(opts.registryURL); err != nil {
-		return nil, nil, "", nil, err
-	}
-	// A registry that no controller has migrated yet (none, or an older schema) is
-	// waited for: a dry run beside a controller that starts too.
-	var rows readOnlyRegistry
-	err = retry(ctx, "Registry or cluster identity not available yet, or the registry not yet migrated by a controller of this version; "+
-		"the Pod stays not ready and retries", permanent, func() (err error) {
-		rows, cluster, closeRegistry, err = openReadOnly(ctx, opts, kubeClient)
-		if _, none := rows.(noSchema); none && err == nil {
-			rows = nil
-			return registry.ErrNoSchema
-		}
-		return err
+	r, cluster, err := registry.Connect(ctx, opts.registry, opts.owner, clusterOf, registry.Options{
+		ReadOnly:        opts.dryRun,
+		Password:        opts.registryPassword(),
+		MaxOpenConns:    opts.maxOpenConns,
+		MaxIdleConns:    opts.maxIdleConns,
+		ConnMaxLifetime: opts.connMaxLifetime,
+		LeaseDuration:   opts.fenceLease,
 	})
-	if err != nil || rows == nil {
+	switch {
+	case err != nil || r == nil:
 		return nil, nil, "", nil, err
+	case opts.dryRun:
+		return dryRunRegistry{r}, nil, cluster, r.Close, nil
 	}
-	return dryRunRegistry{rows}, nil, cluster, closeRegistry, nil
+	return r, r, cluster, r.Close, nil
 }

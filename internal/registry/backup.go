@@ -16,17 +16,14 @@ type Copy struct {
 	Rows, History int64
 }
 
-// Backup copies the SQLite registry at rawURL to the new file path: its rows,
+// Backup copies the SQLite registry at u to the new file path: its rows,
 // history, bindings and fences as of one moment, whatever its schema's version, taken
 // while controllers go on writing (VACUUM INTO reads one snapshot and blocks no
 // writer). It only reads the registry. The copy is a registry file like any other: a
 // restore puts it in place of the registry's file while no controller runs. A
 // PostgreSQL registry is backed up with pg_dump.
-func Backup(ctx context.Context, rawURL, path string) (Copy, error) {
-	src, err := parseURL(rawURL)
-	if err != nil {
-		return Copy{}, err
-	}
+func Backup(ctx context.Context, u URL, path string) (Copy, error) {
+	src := u.src
 	if src.dialect != sqlite {
 		return Copy{}, fmt.Errorf("back up registry %s: a PostgreSQL registry is backed up with pg_dump (docs/operating.md, \"Backup and restore\")", src.display)
 	}

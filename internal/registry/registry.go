@@ -235,10 +235,16 @@ const (
 // registered by the program: modernc.org/sqlite for sqlite, github.com/jackc/pgx/v5/stdlib
 // for postgres. No error it returns holds the password.
 func Open(ctx context.Context, rawURL string, opts Options) (*Registry, error) {
-	src, err := parseURL(rawURL)
+	u, err := ParseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
+	return OpenURL(ctx, u, opts)
+}
+
+// OpenURL is Open of a URL parsed already.
+func OpenURL(ctx context.Context, u URL, opts Options) (*Registry, error) {
+	src := u.src
 	if !slices.Contains(sql.Drivers(), src.dialect.driver) {
 		return nil, fmt.Errorf("open registry %s: database/sql driver %q is not registered in this program", src.display, src.dialect.driver)
 	}

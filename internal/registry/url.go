@@ -21,18 +21,30 @@ type source struct {
 	path string
 }
 
-// Display is how a registry URL is shown: never with its password.
-func Display(rawURL string) (string, error) {
-	src, err := parseURL(rawURL)
-	return src.display, err
+// URL is a registry URL, parsed once (ParseURL): what Open, Backup and Connect take.
+type URL struct {
+	src      source
+	password bool
 }
 
-// CheckURL reports what is wrong with a registry URL, without connecting; nil when
-// Open can try it.
-func CheckURL(rawURL string) error {
-	_, err := parseURL(rawURL)
-	return err
+// ParseURL parses a registry URL (see parseURL for the forms it takes) without
+// connecting. Its errors never hold the password.
+func ParseURL(raw string) (URL, error) {
+	src, err := parseURL(raw)
+	if err != nil {
+		return URL{}, err
+	}
+	return URL{src: src, password: HasPassword(raw)}, nil
 }
+
+// String is how the URL is shown: never with its password.
+func (u URL) String() string { return u.src.display }
+
+// SQLite tells whether the registry is a SQLite file.
+func (u URL) SQLite() bool { return u.src.dialect == sqlite }
+
+// HasPassword tells whether the URL carries a password (see the function HasPassword).
+func (u URL) HasPassword() bool { return u.password }
 
 // HasPassword tells whether a registry URL carries a password in its userinfo or
 // its parameters. The controller refuses such a URL: a password there shows in the

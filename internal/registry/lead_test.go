@@ -1,0 +1,105 @@
+package registry_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
+)
+
+// TestMigrateAgainAfterAFailedPrepare: a registry opened with MigrateLater whose first
+// Migrate failed while preparing its statements (here the history table is away for a
+// moment) is whole after the next Migrate: no write meets a statement left unprepared.
+func TestMigrateAgainAfterAFailedPrepare(t *testing.T) {
+	ctx := context.Background()
+	url, db := registrytest.SQLiteBackend().New(t)
+	open(t, url, newFakeClock()).Close()
+	r, err := registry.Open(ctx, url, registry.Options{MigrateLater: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if _, err := db.Exec(`ALTER TABLE student_history RENAME TO student_history_away`); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Migrate(ctx); err == nil {
+		t.Fatal("Migrate without the history table succeeded, want a failure to prepare")
+	}
+	if _, err := db.Exec(`ALTER TABLE student_history_away RENAME TO student_history`); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
+		t.Errorf("Upsert after Migrate succeeded again: %v", err)
+	}
+}
+
+// TestLead: a controller that leads while another holds the owner's fence waits, says
+// who holds it, and changes nothing meanwhile (no binding); once the fence is given
+// back it takes it, binds the owner and may write; Hold gives it back when it ends.
+func TestLead(t *testing.T) {
+	ctx := context.Background()
+	url, _ := registrytest.SQLiteBackend().New(t)
+	other := openWith(t, url, registry.Options{Actor: "other", LeaseDuration: time.Minute})
+	if _, err := other.TakeFence(ctx, "ctl"); err != nil {
+		t.Fatal(err)
+	}
+	r, cluster, err := registry.Connect(ctx, parse(t, url), "ctl", func(context.Context) (string, error) { return "cluster-a", nil },
+		registry.Options{Actor: "me", LeaseDuration: time.Second})
+	if err != nil || cluster != "cluster-a" {
+		t.Fatalf("Connect: %v, cluster %q", err, cluster)
+	}
+	t.Cleanup(func() { r.Close() })
+	heldBy := make(chan string, 100)
+	led := make(chan error, 1)
+	go func() {
+		ok, err := r.Lead(ctx, "ctl", cluster, func(h *registry.HeldError) { heldBy <- h.Holder })
+		if !ok && err == nil {
+			err = errors.New("Lead ended without leading")
+		}
+		led <- err
+	}()
+	if h := <-heldBy; h != other.Holder() {
+		t.Errorf("Lead waits for %q, want %q", h, other.Holder())
+	}
+	if _, err := other.BindingOf(ctx, "ctl"); !errors.Is(err, registry.ErrNotFound) {
+		t.Errorf("the owner's binding while Lead waits: %v, want none", err)
+	}
+	if err := other.ReleaseFence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-led:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lead did not take the fence given back within 5 s")
+	}
+	if b, err := other.BindingOf(ctx, "ctl"); err != nil || b.Cluster != "cluster-a" {
+		t.Errorf("the owner's binding once Lead returned: %+v, %v", b, err)
+	}
+	if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
+		t.Errorf("a write once leading: %v", err)
+	}
+	// Hold renews past the lease, then gives the fence back when its context ends.
+	holdCtx, stop := context.WithCancel(ctx)
+	held := make(chan error, 1)
+	go func() { held <- r.Hold(holdCtx) }()
+	time.Sleep(1500 * time.Millisecond)
+	if _, err := other.TakeFence(ctx, "ctl"); !errors.Is(err, registry.ErrHeld) {
+		t.Errorf("TakeFence while Hold renews: %v, want ErrHeld", err)
+	}
+	stop()
+	if err := <-held; err != nil {
+		t.Errorf("Hold: %v", err)
+	}
+	if _, err := other.TakeFence(ctx, "ctl"); err != nil {
+		t.Errorf("TakeFence once Hold gave it back: %v", err)
+	}
+}
