@@ -127,8 +127,8 @@ func ComputePlan(in PlanInput) Plan {
 			default:
 				add(s, PlanFinalize, "no row")
 			}
-		case ValidateSpec(s.Spec) != "":
-			add(s, PlanRefuse, "invalid spec: "+ValidateSpec(s.Spec))
+		case s.Spec.Validate() != "":
+			add(s, PlanRefuse, "invalid spec: "+s.Spec.Validate())
 		case !slices.Contains(s.Finalizers, Finalizer):
 			// The sync puts it on first, and then does the rest; the plan says both.
 			add(s, PlanAddFinalizer, "before the row is written")

@@ -48,7 +48,7 @@ func planSweep(owner string, rows []registry.Record, students []*cachedStudent) 
 		}
 	}
 	for i, s := range students {
-		if !seen[uids[i]] && !s.deleting() && !s.isPaused() && ValidateSpec(s.spec()) == "" {
+		if !seen[uids[i]] && !s.deleting() && !s.isPaused() && s.spec().Validate() == "" {
 			plan.Resync = append(plan.Resync, s.key)
 		}
 	}

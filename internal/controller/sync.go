@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
 	"slices"
-	"strings"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -73,7 +71,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 // steps: the finalizer, the row, the report (status, and an Event for a change). A
 // Student already in line costs no write at all.
 func (c *Controller) reconcile(ctx context.Context, s *studentv1.Student) error {
-	if problem := ValidateSpec(s.Spec); problem != "" {
+	if problem := s.Spec.Validate(); problem != "" {
 		return c.refuseSpec(ctx, s, problem)
 	}
 	s, err := c.ensureFinalizer(ctx, s)
@@ -452,7 +450,7 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 // row's values as they were last written, so that the deletion still finishes.
 func (c *Controller) release(ctx context.Context, s *studentv1.Student) (bool, error) {
 	rec := recordOf(c.cfg.Owner, s)
-	if ValidateSpec(s.Spec) != "" {
+	if s.Spec.Validate() != "" {
 		stored, err := c.rows.Get(ctx, rec.UID)
 		if errors.Is(err, registry.ErrNotFound) {
 			return false, nil
@@ -541,30 +539,3 @@ func specPolicy(spec studentv1.StudentSpec) studentv1.DeletionPolicy {
 	return spec.DeletionPolicy
 }
 
-// ValidateSpec repeats the CRD's validation, for objects stored before it existed or
-// written past it; it returns what is wrong, or "".
-func ValidateSpec(spec studentv1.StudentSpec) string {
-	blank := func(s string) bool { return len(s) == 0 || strings.TrimSpace(s) == "" }
-	// The CRD's [[:cntrl:]]: PostgreSQL's TEXT cannot hold NUL, and the others show as
-	// nothing in a display name.
-	control := func(s string) bool {
-		return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
-	}
-	switch {
-	case blank(spec.Name):
-		return "spec.name must not be empty or blank"
-	case utf8.RuneCountInString(spec.Name) > 128:
-		return fmt.Sprintf("spec.name is %d characters long, more than 128", utf8.RuneCountInString(spec.Name))
-	case control(spec.Name):
-		return "spec.name must not hold control characters (U+0000 to U+001F, U+007F)"
-	case blank(spec.School):
-		return "spec.school must not be empty or blank"
-	case utf8.RuneCountInString(spec.School) > 256:
-		return fmt.Sprintf("spec.school is %d characters long, more than 256", utf8.RuneCountInString(spec.School))
-	case control(spec.School):
-		return "spec.school must not hold control characters (U+0000 to U+001F, U+007F)"
-	case spec.DeletionPolicy != "" && spec.DeletionPolicy != studentv1.DeletionPolicyDelete && spec.DeletionPolicy != studentv1.DeletionPolicyOrphan:
-		return fmt.Sprintf("spec.deletionPolicy %q is neither Delete nor Orphan", spec.DeletionPolicy)
-	}
-	return ""
-}

@@ -11,13 +11,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 
-	"github.com/student-controller/student-controller/internal/controller"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
-// FuzzValidateSpec is differential: the controller's ValidateSpec, which repeats the
-// CRD's validation in Go, and the real API server must accept and refuse exactly the
+// FuzzValidateSpec is differential: StudentSpec.Validate, which the controller applies
+// for the CRD's rules in Go, and the real API server must accept and refuse exactly the
 // same specs. Each spec goes to the API server as a server-side dry-run create, as the
 // JSON a client would send: its strings either encoded by encoding/json or, when raw is
 // set and the text is one valid JSON string on its own, written as given (so that
@@ -98,12 +97,12 @@ func FuzzValidateSpec(f *testing.F) {
 		if ctx.Err() != nil {
 			t.Fatalf("the API server did not answer a dry-run create within %v (%v): %s", time.Since(start).Round(time.Millisecond), err, body)
 		}
-		problem := controller.ValidateSpec(spec)
+		problem := spec.Validate()
 		switch {
 		case err == nil && problem != "":
-			t.Errorf("the API server accepts %s; ValidateSpec refuses it: %s", body, problem)
+			t.Errorf("the API server accepts %s; Validate refuses it: %s", body, problem)
 		case apierrors.IsInvalid(err) && problem == "":
-			t.Errorf("the API server refuses %s (%v); ValidateSpec accepts it", body, err)
+			t.Errorf("the API server refuses %s (%v); Validate accepts it", body, err)
 		case err != nil && !apierrors.IsInvalid(err):
 			t.Errorf("the API server answers %s with %v, neither accepted nor refused as invalid", body, err)
 		}
