@@ -538,4 +538,3 @@ func specPolicy(spec studentv1.StudentSpec) studentv1.DeletionPolicy {
 	}
 	return spec.DeletionPolicy
 }
-
