@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -63,8 +61,8 @@ func TestRegistryCommandsKeepTheSchema(t *testing.T) {
 	if code := registryCommand(ctx, append(args, "--migrate"), &stdout, &stderr); code != 0 {
 		t.Fatalf("rename-owner --migrate: exit %d: %s", code, stderr.String())
 	}
-	if version, owner := state(); version != newestSchema(t) || owner != "new" {
-		t.Errorf("after rename-owner --migrate: schema %d, owner %q; want %d and new", version, owner, newestSchema(t))
+	if version, owner := state(); version != registry.LatestSchema() || owner != "new" {
+		t.Errorf("after rename-owner --migrate: schema %d, owner %q; want %d and new", version, owner, registry.LatestSchema())
 	}
 
 	// backup copies whatever schema it finds, and says what the copy holds.
@@ -74,19 +72,4 @@ func TestRegistryCommandsKeepTheSchema(t *testing.T) {
 		!strings.Contains(stdout.String(), "(1 rows, 1 history rows)") {
 		t.Errorf("backup: exit %d, %q (%s); want 0 and what the copy holds", code, stdout.String(), stderr.String())
 	}
-}
-
-// newestSchema is the version of the newest migration this program carries.
-func newestSchema(t *testing.T) int {
-	t.Helper()
-	migrations, err := os.ReadDir("../../internal/registry/migrations/sqlite")
-	if err != nil || len(migrations) == 0 {
-		t.Fatalf("read the migrations: %v", err)
-	}
-	prefix, _, _ := strings.Cut(migrations[len(migrations)-1].Name(), "_")
-	v, err := strconv.Atoi(prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }

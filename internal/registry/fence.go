@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -114,25 +115,8 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 // (this one's lease ran out first) or it was given back; nothing to do when this
 // registry took none.
 func (r *Registry) RenewFence(ctx context.Context) error {
-	token := r.fence.Load()
-	if token == 0 {
-		return nil
-	}
-	owner := *r.fenceOwner.Load()
-	done, err := r.turn(ctx)
-	if err != nil {
-		return fmt.Errorf("renew the write fence of owner %q: %w", owner, err)
-	}
-	defer done()
-	n, err := affected(r.db.ExecContext(ctx, `UPDATE fences SET expires_at = `+r.dialect.inMillis+` WHERE owner = $1 AND token = $2`,
-		owner, token, r.lease.Milliseconds()))
-	switch {
-	case err != nil:
-		return fmt.Errorf("renew the write fence of owner %q: %w", owner, err)
-	case n == 0:
-		return fmt.Errorf("renew the write fence %d of owner %q: %w", token, owner, ErrFenced)
-	}
-	return nil
+	return r.updateFence(ctx, "renew", `UPDATE fences SET expires_at = `+r.dialect.inMillis+` WHERE owner = $1 AND token = $2`,
+		r.lease.Milliseconds())
 }
 
 // ReleaseFence gives back the fence this registry holds, so that the next controller
@@ -140,6 +124,17 @@ func (r *Registry) RenewFence(ctx context.Context) error {
 // this registry that still comes is rolled back. Call it once the writes have drained.
 // Nothing to do when this registry holds none, or no longer.
 func (r *Registry) ReleaseFence(ctx context.Context) error {
+	err := r.updateFence(ctx, "give back", `UPDATE fences SET token = 0, holder = NULL, expires_at = NULL WHERE owner = $1 AND token = $2`)
+	if errors.Is(err, ErrFenced) {
+		return nil
+	}
+	return err
+}
+
+// updateFence runs query on the fence this registry holds ($1 its owner, $2 its token,
+// then args), in its turn at the write lock: ErrFenced when the fence is no longer its
+// own, nothing when it took none.
+func (r *Registry) updateFence(ctx context.Context, what, query string, args ...any) error {
 	token := r.fence.Load()
 	if token == 0 {
 		return nil
@@ -147,12 +142,15 @@ func (r *Registry) ReleaseFence(ctx context.Context) error {
 	owner := *r.fenceOwner.Load()
 	done, err := r.turn(ctx)
 	if err != nil {
-		return fmt.Errorf("give back the write fence of owner %q: %w", owner, err)
+		return fmt.Errorf("%s the write fence of owner %q: %w", what, owner, err)
 	}
 	defer done()
-	if _, err := r.db.ExecContext(ctx, `UPDATE fences SET token = 0, holder = NULL, expires_at = NULL WHERE owner = $1 AND token = $2`,
-		owner, token); err != nil {
-		return fmt.Errorf("give back the write fence of owner %q: %w", owner, err)
+	n, err := affected(r.db.ExecContext(ctx, query, append([]any{owner, token}, args...)...))
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s the write fence of owner %q: %w", what, owner, err)
+	case n == 0:
+		return fmt.Errorf("%s the write fence %d of owner %q: %w", what, token, owner, ErrFenced)
 	}
 	return nil
 }

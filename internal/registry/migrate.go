@@ -141,6 +141,20 @@ func migrate(ctx context.Context, db *sql.DB, d *dialect, now time.Time, lockTim
 	return nil
 }
 
+// LatestSchema is the version of the newest migration this program carries: the schema
+// it migrates a registry to.
+func LatestSchema() int {
+	migrations, err := loadMigrations(sqlite)
+	if err != nil {
+		panic(err) // embedded: a broken name fails every test
+	}
+	latest := 0
+	for _, m := range migrations {
+		latest = max(latest, m.version)
+	}
+	return latest
+}
+
 // schemaVersion is the registry's schema version; 0 when it has none.
 func schemaVersion(ctx context.Context, db *sql.DB, d *dialect) (int, error) {
 	var exists bool

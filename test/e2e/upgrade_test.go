@@ -4,10 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
@@ -77,7 +76,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 	}
 	stop(t, before)
 	waitAllReady(t, ns, 2, time.Minute)
-	newest := newestSchema(t)
+	newest := registry.LatestSchema()
 	eventually(t, 30*time.Second, fmt.Sprintf("schema %d", newest), func(context.Context) (bool, error) { return schemaVersion(t, db) == newest, nil })
 	// Two sweeps later nothing was written again: every row as it was.
 	time.Sleep(5 * time.Second)
@@ -137,21 +136,6 @@ func stop(t *testing.T, p *process) {
 	if err := p.wait(45 * time.Second); err != nil {
 		t.Fatalf("%s's exit: %v", p.Name(), err)
 	}
-}
-
-// newestSchema is the version of this build's newest migration.
-func newestSchema(t *testing.T) int {
-	t.Helper()
-	migrations, err := os.ReadDir(filepath.Join(env.Root, "internal/registry/migrations/sqlite"))
-	if err != nil || len(migrations) == 0 {
-		t.Fatalf("read the migrations: %v", err)
-	}
-	prefix, _, _ := strings.Cut(migrations[len(migrations)-1].Name(), "_")
-	v, err := strconv.Atoi(prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }
 
 // schemaVersion is the registry's schema version.
