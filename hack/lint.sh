@@ -29,7 +29,7 @@ echo "lint: gosec, the product"
 # path from a variable, G301/G306 permissions of result files meant to be read).
 echo "lint: gosec, the tests and tools"
 "${TOOLS}/gosec" -quiet -exclude=G204,G304,G301,G306 \
-	./cmd/student-dev/... ./internal/testenv/... ./test/...
+	./cmd/student-dev/... ./cmd/student-node/... ./internal/testenv/... ./test/...
 
 # The image builder, a module of its own.
 echo "lint: staticcheck and gosec, hack/tools/image"

@@ -1,10 +1,7 @@
 // Command student-dev runs the whole system on one machine with no cluster: a real
 // etcd, kube-apiserver and kube-controller-manager from bin/k8s, the Student CRD, the
 // sample Students, and student-controller on a SQLite file, until Ctrl-C. `make run`
-// builds and starts it.
-//
-//	student-dev cluster      # a one-node cluster running the chart (make cluster)
-//	student-dev clean-node   # remove what a killed cluster's node left behind
+// builds and starts it. The one-node cluster of `make cluster` is student-node's.
 package main
 
 import (
@@ -37,24 +34,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	// After the first signal, a second one ends this process at once (its children get
-	// SIGKILL or SIGTERM, and the next make cluster removes what a node left).
+	// SIGKILL or SIGTERM).
 	go func() {
 		<-ctx.Done()
 		stop()
 	}()
-	if len(os.Args) > 1 && (os.Args[1] == "cluster" || os.Args[1] == "clean-node") {
-		var err error
-		if os.Args[1] == "cluster" {
-			err = clusterMain(ctx, os.Args[2:])
-		} else {
-			err = cleanNodeMain(os.Args[2:])
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "student-dev %s: %v\n", os.Args[1], err)
-			os.Exit(1)
-		}
-		return
-	}
 	stateDir := flag.String("state-dir", ".local", "Folder for the local state: etcd data, kubeconfig, registry file.")
 	controllerBin := flag.String("controller", "bin/student-controller", "The student-controller binary to run.")
 	probeAddr := flag.String("health-probe-bind-address", "127.0.0.1:8081", "Passed to the controller; also polled for readiness.")
@@ -62,7 +46,7 @@ func main() {
 	tracing := flag.String("tracing-endpoint", "",
 		"An OpenTelemetry collector (OTLP/gRPC, HOST:PORT): the controller traces its syncs there, and kube-apiserver continues each trace to etcd.")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "Usage: student-dev [flags] [-- controller flags]\n       student-dev cluster [flags] [-- helm install flags]\n       student-dev clean-node [flags]\n\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: student-dev [flags] [-- controller flags]\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()

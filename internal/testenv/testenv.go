@@ -20,7 +20,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -114,7 +113,7 @@ func FreeAddr() (string, error) {
 }
 
 // Addr is FreeAddr for a test, which it fails when no port is free.
-func Addr(tb testing.TB) string {
+func Addr(tb TB) string {
 	tb.Helper()
 	addr, err := FreeAddr()
 	if err != nil {
@@ -212,7 +211,7 @@ func MetricSum(body, name string, keep func(labels string) bool) float64 {
 // Namespace creates a namespace named prefix and a random suffix, for one test, and
 // returns its name. It is left in place when the test ends: a Student whose finalizer
 // no controller removes any more would keep it Terminating.
-func Namespace(tb testing.TB, kube kubernetes.Interface, prefix string) string {
+func Namespace(tb TB, kube kubernetes.Interface, prefix string) string {
 	tb.Helper()
 	ns, err := kube.CoreV1().Namespaces().Create(context.Background(),
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix}}, metav1.CreateOptions{})
@@ -242,4 +241,15 @@ func RepoRoot() (string, error) {
 		return "", fmt.Errorf("repository root not found from %s: %w", file, err)
 	}
 	return filepath.Clean(root), nil
+}
+
+// TB is what the helpers use of a test: the methods of testing.TB they call. An
+// interface of its own keeps package testing out of the programs that share these
+// packages (make run's launcher).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Cleanup(func())
 }

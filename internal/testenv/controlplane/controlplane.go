@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -137,7 +136,7 @@ func Start(opts Options) (*Env, error) {
 
 // ForTest starts a control plane for one test (flags of its own, or a CRD it
 // deletes) and stops it when the test ends.
-func ForTest(tb testing.TB, opts Options) *Env {
+func ForTest(tb testenv.TB, opts Options) *Env {
 	tb.Helper()
 	e, err := Start(opts)
 	if err != nil {

@@ -123,7 +123,7 @@ func Leftovers(dir string) []string {
 }
 
 // Recover removes what a node of this machine that was killed left behind, from the
-// record it wrote, and says what it removed: for `student-dev clean-node`. It refuses
+// record it wrote, and says what it removed: for `student-node clean-node`. It refuses
 // while a node runs (holds the machine's node lock). New does the same by itself.
 func Recover() ([]string, error) {
 	f, err := os.OpenFile(lockFile, os.O_CREATE|os.O_RDWR, 0o600)

@@ -9,7 +9,7 @@ import (
 
 // recordFile is where the running node keeps what Stop puts back, so that when it is
 // killed instead (a test binary past its timeout, kill -9 on make cluster) the next
-// node on this machine, or `student-dev clean-node`, puts it back: holding the machine's
+// node on this machine, or `student-node clean-node`, puts it back: holding the machine's
 // node lock shows that the node that wrote it is gone.
 const recordFile = "/run/student-node.json"
 

@@ -24,14 +24,14 @@ import (
 
 const systemNamespace = controlplane.ControllerNamespace
 
-// clusterMain is `student-dev cluster`: a one-node cluster (the control plane and a
+// clusterMain is `student-node cluster`: a one-node cluster (the control plane and a
 // node) with the chart installed from the image `make image` built, until Ctrl-C.
 func clusterMain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cluster", flag.ExitOnError)
 	stateDir := fs.String("state-dir", ".local/cluster", "Folder for the cluster's state; emptied at start, kept after Ctrl-C for its logs.")
 	layout := fs.String("image", "bin/image/oci", "The OCI layout of the controller's image (make image writes it).")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: student-dev cluster [flags] [-- helm install flags]\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: student-node cluster [flags] [-- helm install flags]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -194,7 +194,7 @@ func claimStateDir(state string) error {
 	return os.WriteFile(filepath.Join(state, mark), nil, 0o600)
 }
 
-// cleanNodeMain is `student-dev clean-node`: removes what a node that was killed
+// cleanNodeMain is `student-node clean-node`: removes what a node that was killed
 // left, from the record it kept.
 func cleanNodeMain(args []string) error {
 	fs := flag.NewFlagSet("clean-node", flag.ExitOnError)
