@@ -122,6 +122,11 @@ test: node helm ## Run every test: unit, integration against the real control pl
 	go test -race -timeout 30m $(GO_TEST_FLAGS) ./test/node || { rc=$$?; go run -trimpath ./cmd/student-node clean-node || true; exit $$rc; }
 	cd hack/tools/image && go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: check
+check: ## The inner loop, in minutes: go vet and the unit tests of cmd/, internal/ and pkg/ (-short). No root, no node, no control plane; test/ is make test's.
+	go vet -tags $(GO_TAGS) ./...
+	go test -short -tags $(GO_TAGS) ./cmd/... ./internal/... ./pkg/...
+
 CHAOS_N ?= 2000
 
 .PHONY: chaos
