@@ -37,8 +37,9 @@ func TestBinary(t *testing.T) {
 	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "--workers must be at least 1") || !strings.Contains(string(out), "--registry-owner must not be empty") {
 		t.Errorf("bad flags: exit %d, output %q", code, out)
 	}
+	// A registry URL is a flag: one the controller cannot use is refused as the others are.
 	out, err = exec.Command(bin, "--kubeconfig", env.Kubeconfig, "--registry", "mysql://x").CombinedOutput()
-	if code := exitCode(err); code != 1 || !strings.Contains(string(out), `unsupported scheme "mysql"`) {
+	if code := exitCode(err); code != 2 || !strings.Contains(string(out), `unsupported scheme "mysql"`) {
 		t.Errorf("bad registry URL: exit %d, output %q", code, out)
 	}
 
