@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,8 +35,9 @@ import (
 // 32768 to 60999 by default) and to NodePorts (30000 to 32767): a port the kernel picks
 // itself, as a listener on port 0 gets, is from that range, and any connection opened
 // between the pick and the moment a process binds the port may take it (kube-apiserver
-// failed to start so, "bind: address already in use"). Processes that ask here at the
-// same moment can still pick the same port: one in ten thousand per pair.
+// failed to start so, "bind: address already in use"). The processes of one test run
+// (go test runs a process per package) never hand out the same port: each holds a lock
+// on the port's byte of one file (portLocks) for as long as it lives.
 func FreePort() (int, error) {
 	low, high := portsFrom, portsTo
 	if first := ephemeralPortsFrom(); first <= high {
@@ -54,17 +56,42 @@ func FreePort() (int, error) {
 		if taken {
 			continue
 		}
+		if !lockPort(port) {
+			continue // another process handed it out; it stays in handedOut, not ours to try
+		}
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
-			handedOutMu.Lock()
-			delete(handedOut, port)
-			handedOutMu.Unlock()
-			continue
+			continue // in use; locked and in handedOut, so it is not tried again
 		}
 		_ = l.Close()
 		return port, nil
 	}
 	return 0, fmt.Errorf("no free port of 127.0.0.1 from %d to %d", low, high)
+}
+
+// portLocks is the file whose byte at offset PORT a process locks (an fcntl record
+// lock, F_SETLK) when it hands out PORT. The kernel lets go of a process's locks when
+// it ends, however it ends, so nothing needs to clean them up; the empty file stays.
+var portLocks struct {
+	once sync.Once
+	f    *os.File
+}
+
+// lockPort locks port's byte of portLocks for this process: false when another process
+// holds it. Where the file cannot be opened it says true: the ports are then picked as
+// if by one process alone.
+func lockPort(port int) bool {
+	portLocks.once.Do(func() {
+		f, err := os.OpenFile(filepath.Join(os.TempDir(), "student-controller-test-ports.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+		if err == nil {
+			portLocks.f = f
+		}
+	})
+	if portLocks.f == nil {
+		return true
+	}
+	lock := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart, Start: int64(port), Len: 1}
+	return syscall.FcntlFlock(portLocks.f.Fd(), syscall.F_SETLK, &lock) == nil
 }
 
 // kernelPort is a port that the kernel picked for a listener, free a moment ago.
@@ -77,8 +104,8 @@ func kernelPort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// The ports FreePort picks from.
-const portsFrom, portsTo = 20000, 29999
+// The ports FreePort picks from (variables for TestFreePortAcrossProcesses).
+var portsFrom, portsTo = 20000, 29999
 
 var (
 	handedOutMu sync.Mutex
