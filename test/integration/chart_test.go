@@ -429,6 +429,14 @@ func TestChartRefuses(t *testing.T) {
 			set:  []string{"registry.url=postgres://student_controller:s3cret@db/students"},
 			want: "registry.passwordSecret.name",
 		},
+		"a password in the URL, the parameter in capitals": {
+			set:  []string{"registry.url=postgres://student_controller@db/students?PASSWORD=s3cret"},
+			want: "registry.passwordSecret.name",
+		},
+		"sqliteSharedFile without persistence": {
+			set:  append([]string{"registry.persistence.enabled=false"}, shared...),
+			want: "registry.sqliteSharedFile without registry.persistence.enabled",
+		},
 		"a password in the URL's query": {
 			set:  []string{"registry.url=postgres://student_controller@db/students?sslmode=verify-full&password=s3cret"},
 			want: "registry.passwordSecret.name",
