@@ -118,13 +118,21 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	if err != nil {
 		return report, err
 	}
-	rows, cluster, closeRegistry, err := openReadOnly(ctx, opts, kube)
+	cluster, err := clusterID(ctx, kube)
 	if err != nil {
 		return report, err
 	}
-	defer closeRegistry()
+	var rows readOnlyRegistry
+	switch r, err := registry.OpenToRead(ctx, opts.registry, opts.owner, cluster, registry.Options{Password: opts.registryPassword(), MaxOpenConns: opts.maxOpenConns}); {
+	case errors.Is(err, registry.ErrNoSchema):
+		rows, report.NoSchema = noSchema{display: opts.registry.String()}, true
+	case err != nil:
+		return report, err
+	default:
+		defer r.Close()
+		rows = r
+	}
 	report.Registry, report.Cluster = rows.String(), cluster
-	_, report.NoSchema = rows.(noSchema)
 
 	all, err := listStudents(ctx, students, opts.scope)
 	if err != nil {
@@ -209,3 +217,27 @@ func printPlan(w io.Writer, r planReport) {
 		fmt.Fprintf(w, "%d changes.\n", n)
 	}
 }
+
+// readOnlyRegistry is what a plan reads of the registry.
+type readOnlyRegistry interface {
+	Get(ctx context.Context, uid string) (registry.Record, error)
+	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	CheckSchema(ctx context.Context) error
+	String() string
+}
+
+// noSchema is a registry without a schema yet (a new database, a SQLite file not yet
+// made): it holds no rows, and the controller makes the schema when it first starts.
+type noSchema struct{ display string }
+
+func (noSchema) Get(context.Context, string) (registry.Record, error) {
+	return registry.Record{}, registry.ErrNotFound
+}
+
+func (noSchema) List(context.Context, string) ([]registry.Record, []registry.MalformedRow, error) {
+	return nil, nil, nil
+}
+
+func (noSchema) CheckSchema(context.Context) error { return nil }
+
+func (n noSchema) String() string { return n.display + " (no schema yet)" }

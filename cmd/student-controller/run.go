@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -253,4 +254,14 @@ func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (r
 		return dryRunRegistry{r}, nil, cluster, r.Close, nil
 	}
 	return r, r, cluster, r.Close, nil
+}
+
+// clusterID names the cluster a client reaches: the UID of its kube-system namespace,
+// which lives as long as the cluster does.
+func clusterID(ctx context.Context, client kubernetes.Interface) (string, error) {
+	ns, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("read the cluster's identity (the UID of namespace kube-system): %w", err)
+	}
+	return string(ns.UID), nil
 }

@@ -37,19 +37,30 @@ func Connect(ctx context.Context, u URL, owner string, clusterOf func(context.Co
 		if cluster, err = clusterOf(ctx); err != nil {
 			return err
 		}
-		r, err := OpenURL(ctx, u, opts)
-		if err != nil {
-			return err
-		}
 		if opts.ReadOnly {
-			if err := r.CheckBinding(ctx, owner, cluster); err != nil {
-				return errors.Join(err, r.Close())
-			}
+			reg, err = OpenToRead(ctx, u, owner, cluster, opts)
+		} else {
+			reg, err = OpenURL(ctx, u, opts)
 		}
-		reg = r
-		return nil
+		return err
 	})
 	return reg, cluster, err
+}
+
+// OpenToRead opens the registry at u read-only for owner's controller in cluster,
+// once: neither migrated nor bound, and refused when the registry binds owner to
+// another cluster (ErrOtherCluster). ErrNoSchema when it has no schema yet: it then
+// holds no rows, and the first controller to lead makes the schema.
+func OpenToRead(ctx context.Context, u URL, owner, cluster string, opts Options) (*Registry, error) {
+	opts.ReadOnly = true
+	r, err := OpenURL(ctx, u, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.CheckBinding(ctx, owner, cluster); err != nil {
+		return nil, errors.Join(err, r.Close())
+	}
+	return r, nil
 }
 
 // Lead makes the registry this controller's to write, once it leads: it takes the
