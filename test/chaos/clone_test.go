@@ -38,10 +38,19 @@ func (w *world) clone(ctx context.Context, ph *phaseResult) (healed time.Time, t
 	if err := c.WaitReady(ctx); err != nil {
 		return time.Time{}, 0, err
 	}
-	healed = time.Now() // production is whole again; the clone runs beside it
 	if copyErr != nil {
-		return healed, 0, fmt.Errorf("copy etcd's data: %v: %s", copyErr, out)
+		return time.Now(), 0, fmt.Errorf("copy etcd's data: %v: %s", copyErr, out)
 	}
+	// The copy cost production its Lease (etcd was down longer than the renew
+	// deadline), and its leader gave the fence back. A clone's controller that starts
+	// before production's writes again takes the free fence: the fence keeps two
+	// writers apart, and cannot tell production from its copy (docs/operating.md). A
+	// real snapshot is taken while production runs, so the clone starts beside a
+	// production controller that holds the fence, as here.
+	if _, err := w.ctrl.waitWriter(ctx, nil, time.Minute); err != nil {
+		return time.Now(), 0, fmt.Errorf("production's controller does not write again after the copy: %w", err)
+	}
+	healed = time.Now() // production is whole again; the clone runs beside it
 	clone, err := controlplane.Start(controlplane.Options{Root: c.Root, Dir: cloneDir, WithoutControllerManager: true})
 	if clone != nil {
 		defer func() { _ = clone.Stop() }()
