@@ -42,6 +42,8 @@ func (dryRunRegistry) Relinquish(context.Context, string, string, string) (regis
 
 func (dryRunRegistry) RecordPolicy(context.Context, string, string, string) error { return errDryRun }
 
+func (dryRunRegistry) MarkObserved(context.Context, string, string) error { return errDryRun }
+
 func (dryRunRegistry) Bind(context.Context, string, string) (registry.Binding, error) {
 	return registry.Binding{}, errDryRun
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
@@ -18,6 +19,8 @@ const registryUsage = `Usage:
   student-controller registry move-cluster --registry URL --registry-owner OWNER --from CLUSTER [--kubeconfig FILE] [--migrate]
   student-controller registry rename-owner --registry URL --registry-owner OWNER --to NEW [--migrate]
   student-controller registry backup --registry URL --to FILE
+  student-controller registry adopt --registry URL --registry-owner OWNER [--kubeconfig FILE] [--dry-run]
+      [--namespace NS,...] [--school SCHOOL] [--create-namespaces] [--max-adoptions N] [-o table|json] [--migrate]
 
 move-cluster binds an owner's rows to the cluster that --kubeconfig reaches, where the
 registry binds them to CLUSTER now (the UID that the refusing controller printed). A
@@ -32,6 +35,22 @@ Both print what they change, and change nothing else. A registry whose schema is
 than this program's is refused unless --migrate says to migrate it first: controllers
 of the older version then refuse the registry, so stop them first.
 
+adopt makes a Student of each row that has none in this cluster: released rows, rows
+of OWNER whose Students are gone (a rebuilt cluster, after move-cluster), and rows
+another system inserted (uid, namespace, name, student_name and school are enough).
+Each Student takes its namespace, name and spec from the row, its deletion policy too
+(Orphan when the row records none), and is observed (spec.management: Observe): the
+controller compares the row and never writes it until the Student is switched to
+Manage. The row is bound to the new Student and OWNER, with a history row "adopted".
+Rows of another owner, rows whose namespace and name a Student of another uid holds,
+and rows that cannot be Students are left alone and listed; so are rows in namespaces
+that do not exist, unless --create-namespaces. Past --max-adoptions rows to adopt, it
+adopts none. --dry-run lists what it would do and changes nothing. Exit status: 0 when
+nothing is (or would be) adopted and nothing refused, 2 when something would be adopted
+(--dry-run) or some rows were left alone, 1 on an error. A second run adopts nothing new,
+and finishes what a run cut short left. Run it before the controller starts on a
+rebuilt cluster: until then its sweep takes OWNER's rows without Students for orphans.
+
 backup copies a SQLite registry to FILE, which must not exist, while controllers go on
 writing: rows and history of one moment. It changes nothing. A PostgreSQL registry is
 backed up with pg_dump (docs/operating.md, "Backup and restore").
@@ -40,7 +59,7 @@ backed up with pg_dump (docs/operating.md, "Backup and restore").
 // registryCommand runs "student-controller registry ...": explicit, one-off changes to
 // what the registry records about its owners. It returns the process's exit code.
 func registryCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner" && args[0] != "backup") {
+	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner" && args[0] != "backup" && args[0] != "adopt") {
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	}
@@ -50,7 +69,12 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	opts.addFlags(fs)
 	from := fs.String("from", "", "move-cluster: the cluster the owner is bound to now (a kube-system namespace UID).")
 	to := fs.String("to", "", "rename-owner: the owner's new name; backup: the file to write.")
-	migrate := fs.Bool("migrate", false, "move-cluster, rename-owner: migrate a registry whose schema is older than this program's first.")
+	migrate := fs.Bool("migrate", false, "move-cluster, rename-owner, adopt: migrate a registry whose schema is older than this program's first.")
+	var ao adoptOptions
+	fs.StringVar(&ao.school, "school", "", "adopt: only rows of this school.")
+	fs.BoolVar(&ao.createNamespaces, "create-namespaces", false, "adopt: make the namespaces that rows name and that do not exist.")
+	fs.IntVar(&ao.max, "max-adoptions", 1000, "adopt: the most rows one run adopts; past it, it adopts none.")
+	fs.StringVar(&ao.output, "o", "table", "adopt: output format, table or json.")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -72,6 +96,17 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		err = moveCluster(ctx, opts, *from, *migrate, stdout)
 	case args[0] == "rename-owner" && *to != "":
 		err = renameOwner(ctx, opts, *to, *migrate, stdout)
+	case args[0] == "adopt" && (ao.output == "table" || ao.output == "json"):
+		if opts.scope, err = controller.ParseScope(opts.namespace, ""); err != nil {
+			break
+		}
+		ao.migrate = *migrate
+		var code int
+		ctx, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		if code, err = adoptRows(ctx, opts, ao, stdout); err == nil {
+			return code
+		}
 	default:
 		fmt.Fprint(stderr, registryUsage)
 		return 2

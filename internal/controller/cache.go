@@ -66,11 +66,16 @@ const (
 	// empty or rare.deletionPolicy.
 	cachedDelete
 	cachedOrphan
+	// cachedManage, cachedObserve: spec.management is Manage, Observe. Neither: it is
+	// empty or rare.management.
+	cachedManage
+	cachedObserve
 )
 
 // rareFields are the fields that few Students have.
 type rareFields struct {
 	deletionPolicy         studentv1.DeletionPolicy // neither Delete, Orphan nor empty
+	management             studentv1.Management     // neither Manage, Observe nor empty
 	uid                    types.UID
 	resourceVersion        string
 	deletionTimestamp      *metav1.Time
@@ -126,6 +131,15 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 	default:
 		rare.deletionPolicy = p
 	}
+	switch m := s.Spec.Management; m {
+	case "":
+	case studentv1.ManagementManage:
+		c.flags |= cachedManage
+	case studentv1.ManagementObserve:
+		c.flags |= cachedObserve
+	default:
+		rare.management = m
+	}
 	if u, err := uuid.Parse(string(s.UID)); err == nil && u != uuid.Nil && u.String() == string(s.UID) {
 		c.uid = u
 	} else {
@@ -167,7 +181,7 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 		}
 		c.registry = unique.Make(facts)
 	}
-	if rare.deletionPolicy != "" || rare.uid != "" || rare.resourceVersion != "" || rare.deletionTimestamp != nil || rare.finalizers != nil ||
+	if rare.deletionPolicy != "" || rare.management != "" || rare.uid != "" || rare.resourceVersion != "" || rare.deletionTimestamp != nil || rare.finalizers != nil ||
 		rare.reconcileRequestedAt != "" || rare.lastHandledReconcileAt != "" || rare.conditions != nil {
 		c.rare = &rare
 	}
@@ -271,8 +285,19 @@ func (c *cachedStudent) spec() studentv1.StudentSpec {
 	default:
 		spec.DeletionPolicy = c.rareField().deletionPolicy
 	}
+	switch {
+	case c.flags&cachedManage != 0:
+		spec.Management = studentv1.ManagementManage
+	case c.flags&cachedObserve != 0:
+		spec.Management = studentv1.ManagementObserve
+	default:
+		spec.Management = c.rareField().management
+	}
 	return spec
 }
+
+// isObserved says whether spec.management is Observe.
+func (c *cachedStudent) isObserved() bool { return c.flags&cachedObserve != 0 }
 
 // finalizers are the Student's finalizers, not to be changed.
 func (c *cachedStudent) finalizers() []string {

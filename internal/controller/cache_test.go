@@ -103,14 +103,17 @@ func TestCompact(t *testing.T) {
 		"three conditions, in their order": {func(s *studentv1.Student) {
 			s.Status.Conditions = []metav1.Condition{{Type: "C", LastTransitionTime: *at(3)}, {Type: "B"}, {Type: "A", Message: "m"}}
 		}},
-		"registry never written": {func(s *studentv1.Student) { s.Status.Registry = &studentv1.RegistryStatus{Owner: "o"} }},
-		"registry written":       {func(s *studentv1.Student) { s.Status.Registry.LastWrittenTime = at(1700000000) }},
-		"an empty registry":      {func(s *studentv1.Student) { s.Status.Registry = &studentv1.RegistryStatus{} }},
-		"an orphan policy":       {orphan},
-		"a delete policy":        {fromAPIServer, policy(studentv1.DeletionPolicyDelete)},
-		"no policy":              {fromAPIServer, policy("")},
-		"a policy of no kind":    {fromAPIServer, policy("Sometimes")},
-		"no namespace":           {func(s *studentv1.Student) { s.Namespace = "" }},
+		"registry never written":        {func(s *studentv1.Student) { s.Status.Registry = &studentv1.RegistryStatus{Owner: "o"} }},
+		"registry written":              {func(s *studentv1.Student) { s.Status.Registry.LastWrittenTime = at(1700000000) }},
+		"an empty registry":             {func(s *studentv1.Student) { s.Status.Registry = &studentv1.RegistryStatus{} }},
+		"an orphan policy":              {orphan},
+		"observed":                      {func(s *studentv1.Student) { s.Spec.Management = studentv1.ManagementObserve }},
+		"managed":                       {func(s *studentv1.Student) { s.Spec.Management = studentv1.ManagementManage }},
+		"a management of no known kind": {func(s *studentv1.Student) { s.Spec.Management = "watch" }},
+		"a delete policy":               {fromAPIServer, policy(studentv1.DeletionPolicyDelete)},
+		"no policy":                     {fromAPIServer, policy("")},
+		"a policy of no kind":           {fromAPIServer, policy("Sometimes")},
+		"no namespace":                  {func(s *studentv1.Student) { s.Namespace = "" }},
 	}
 	for name, opts := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -47,6 +47,7 @@ type Registry interface {
 	Release(ctx context.Context, rec registry.Record, cause string) (bool, error)
 	Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error)
 	RecordPolicy(ctx context.Context, uid, owner, policy string) error
+	MarkObserved(ctx context.Context, uid, owner string) error
 	Bind(ctx context.Context, owner, cluster string) (registry.Binding, error)
 	PruneHistory(ctx context.Context, before time.Time) (int64, error)
 }
@@ -218,9 +219,20 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	}
 	logger := klog.FromContext(ctx)
 	err := informers.addEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.enqueue(logger, obj) },
-		UpdateFunc: func(oldObj, newObj any) { c.enqueueUpdate(logger, oldObj, newObj) },
-		DeleteFunc: func(obj any) { c.enqueue(logger, obj) },
+		AddFunc: func(obj any) {
+			c.observeEvent(obj)
+			c.enqueue(logger, obj)
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			c.observeEvent(newObj)
+			c.enqueueUpdate(logger, oldObj, newObj)
+		},
+		DeleteFunc: func(obj any) {
+			if key, err := cacheKey(obj); err == nil {
+				c.cfg.Metrics.forget(key)
+			}
+			c.enqueue(logger, obj)
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add Student event handler: %w", err)
@@ -248,6 +260,13 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 		return
 	}
 	utilruntime.HandleErrorWithLogger(logger, nil, "Not a Student; ignored", "type", fmt.Sprintf("%T", obj))
+}
+
+// observeEvent starts or stops the sync latency's clock of a cached Student.
+func (c *Controller) observeEvent(obj any) {
+	if s, ok := obj.(*cachedStudent); ok && s != nil {
+		c.cfg.Metrics.observeEvent(s, c.clock.Now())
+	}
 }
 
 // enqueueUpdate adds the key of an updated Student when the update can matter.

@@ -25,17 +25,23 @@ type Metrics struct {
 	malformedRows     prometheus.Gauge
 	registryAhead     prometheus.Counter
 	notReady          prometheus.Gauge
+	drifted           prometheus.Gauge
 	paused            prometheus.GaugeFunc
 	pausedOldest      prometheus.GaugeFunc
 	plannedActions    *prometheus.GaugeVec
 	fenceHeld         prometheus.Gauge
 	fenceWaiting      prometheus.Gauge
+	syncLatency       prometheus.Histogram
+
+	// generations are the clocks of syncLatency.
+	generations newGenerations
 
 	// notReadyKeys are the Students whose last sync left them not Ready: only those,
 	// so that the set costs nothing while all is well. pausedSince are the paused
 	// Students, with the time their Synced=False condition says they were paused.
 	mu           sync.Mutex
 	notReadyKeys map[string]struct{}
+	driftedKeys  map[string]struct{}
 	pausedSince  map[string]time.Time
 }
 
@@ -63,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_registry_operation_duration_seconds",
-			Help:    "Latency of registry operations, by operation (get, insert, upsert, rewind, delete, release, relinquish, record_policy, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
+			Help:    "Latency of registry operations, by operation (get, insert, upsert, rewind, delete, release, relinquish, record_policy, mark_observed, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
 		rowsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -95,9 +101,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "student_controller_students_not_ready",
 			Help: "Students whose last sync left them not Ready (invalid spec, registry error, row owned elsewhere); deleted Students are not counted.",
 		}),
+		drifted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "student_controller_students_drifted",
+			Help: "Observed Students (spec.management: Observe) whose registry row differs from their spec, as their last sync found it; the controller does not write them.",
+		}),
 		plannedActions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "student_controller_dry_run_planned_actions",
-			Help: "With --dry-run: what the last plan lists, by action (add-finalizer, create, update, restore, delete, release, finalize, refuse), as student-controller plan does; nothing is done.",
+			Help: "With --dry-run: what the last plan lists, by action (add-finalizer, create, update, restore, delete, release, finalize, refuse, drifted), as student-controller plan does; nothing is done.",
 		}, []string{"action"}),
 		fenceHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "student_controller_registry_fence_held",
@@ -107,7 +117,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "student_controller_registry_fence_waiting",
 			Help: "1 while another live controller of the same owner (a clone of the cluster, a second install, a laptop) holds the owner's write fence and this one waits to write, else 0.",
 		}),
+		syncLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "student_controller_sync_latency_seconds",
+			Help:    "Time from the watch event that brings a Student's new generation (a create, a spec change) to its registry row written and its status reported Ready at that generation: what a user waits for. A newer generation that arrives first restarts the clock; paused and deleted Students are not timed.",
+			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60},
+		}),
 		notReadyKeys: map[string]struct{}{},
+		driftedKeys:  map[string]struct{}{},
 		pausedSince:  map[string]time.Time{},
 	}
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -138,8 +154,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
-			m.sweepDeleted, m.malformedRows, m.registryAhead, m.notReady, m.paused, m.pausedOldest, m.plannedActions,
-			m.fenceHeld, m.fenceWaiting)
+			m.sweepDeleted, m.malformedRows, m.registryAhead, m.notReady, m.drifted, m.paused, m.pausedOldest, m.plannedActions,
+			m.fenceHeld, m.fenceWaiting, m.syncLatency)
 	}
 	return m
 }
@@ -192,11 +208,55 @@ func (m *Metrics) observeReady(key string, ready bool) {
 	m.notReady.Set(float64(len(m.notReadyKeys)))
 }
 
-// forget drops a Student that is gone or being deleted from the not-Ready count, and
-// a Student that is gone from the paused ones.
+// observeDrifted records whether the Student of key is observed and drifted after its
+// sync.
+func (m *Metrics) observeDrifted(key string, drifted bool) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if drifted {
+		m.driftedKeys[key] = struct{}{}
+	} else {
+		delete(m.driftedKeys, key)
+	}
+	m.drifted.Set(float64(len(m.driftedKeys)))
+}
+
+// forget drops a Student that is gone or being deleted from the not-Ready and drifted
+// counts and the clocks of the sync latency, and a Student that is gone from the
+// paused ones.
 func (m *Metrics) forget(key string) {
 	m.observeReady(key, true)
+	m.observeDrifted(key, false)
 	m.observeUnpaused(key)
+	if m != nil {
+		m.generations.forget(key)
+	}
+}
+
+// observeEvent starts or stops the sync latency's clock of a Student as a watch event
+// shows it, at now.
+func (m *Metrics) observeEvent(s *cachedStudent, now time.Time) {
+	if m == nil {
+		return
+	}
+	// An observed Student's sync is done once its status is at its generation, drifted
+	// or not.
+	reported := s.isReady() || (s.isObserved() && s.observedGeneration == s.generation)
+	m.generations.seen(s.key, s.generation, reported, s.isPaused() || s.deleting(), now)
+}
+
+// observeReported records the sync latency of the Student of key, whose status a sync
+// has just reported Ready at generation, at now.
+func (m *Metrics) observeReported(key string, generation int64, now time.Time) {
+	if m == nil {
+		return
+	}
+	if took, ok := m.generations.reported(key, generation, now); ok {
+		m.syncLatency.Observe(took.Seconds())
+	}
 }
 
 // pausedStats is how many Students are paused, and since when the one paused longest.
@@ -240,7 +300,7 @@ func (m *Metrics) observePlan(p Plan) {
 	for _, a := range p.Actions {
 		counts[a.Action]++
 	}
-	for _, action := range []string{PlanAddFinalizer, PlanCreate, PlanUpdate, PlanRestore, PlanDelete, PlanRelease, PlanFinalize, PlanRefuse} {
+	for _, action := range []string{PlanAddFinalizer, PlanCreate, PlanUpdate, PlanRestore, PlanDelete, PlanRelease, PlanFinalize, PlanRefuse, PlanDrifted} {
 		m.plannedActions.WithLabelValues(action).Set(float64(counts[action]))
 	}
 }
@@ -392,6 +452,13 @@ func (t timedRegistry) Relinquish(ctx context.Context, uid, owner, cause string)
 func (t timedRegistry) RecordPolicy(ctx context.Context, uid, owner, policy string) error {
 	ctx, op := t.start(ctx, "record_policy")
 	err := t.Registry.RecordPolicy(ctx, uid, owner, policy)
+	op.end(err)
+	return err
+}
+
+func (t timedRegistry) MarkObserved(ctx context.Context, uid, owner string) error {
+	ctx, op := t.start(ctx, "mark_observed")
+	err := t.Registry.MarkObserved(ctx, uid, owner)
 	op.end(err)
 	return err
 }

@@ -16,7 +16,8 @@ import (
 // The actions of a plan: the row writes a sync or a sweep makes (create, update,
 // restore, delete, release), the finalizer put on a Student that lacks it
 // (add-finalizer), a Terminating Student whose finalizer alone comes off (finalize),
-// and what the controller refuses (refuse). Status writes are not planned.
+// what the controller refuses (refuse), and an observed Student whose row differs from
+// its spec (drifted: reported, never written). Status writes are not planned.
 const (
 	PlanAddFinalizer = "add-finalizer"
 	PlanCreate       = "create"
@@ -26,6 +27,7 @@ const (
 	PlanRelease      = "release"
 	PlanFinalize     = "finalize"
 	PlanRefuse       = "refuse"
+	PlanDrifted      = "drifted"
 )
 
 // PlannedAction is one thing the controller would do now, or refuse to do.
@@ -59,11 +61,12 @@ type Plan struct {
 	SweepRefused bool `json:"sweepRefused"`
 }
 
-// Changes counts the actions that would change something (all but refusals).
+// Changes counts the actions that would change something (all but refusals and
+// drift, which is only reported).
 func (p Plan) Changes() int {
 	n := 0
 	for _, a := range p.Actions {
-		if a.Action != PlanRefuse {
+		if a.Action != PlanRefuse && a.Action != PlanDrifted {
 			n++
 		}
 	}
@@ -118,6 +121,8 @@ func ComputePlan(in PlanInput) Plan {
 			}
 			held := mine || malformed[string(s.UID)] // a row it cannot read goes too
 			switch {
+			case observed(s.Spec):
+				add(s, PlanFinalize, "observed: the row is left as it is")
 			case held && policy(s) == studentv1.DeletionPolicyDelete:
 				add(s, PlanDelete, registry.CauseFinalizer)
 			case held:
@@ -129,6 +134,14 @@ func ComputePlan(in PlanInput) Plan {
 			}
 		case s.Spec.Validate() != "":
 			add(s, PlanRefuse, "invalid spec: "+s.Spec.Validate())
+		case observed(s.Spec):
+			stored, found := row, mine
+			if theirs {
+				stored, found = other, true
+			}
+			if d := drift(stored, found, malformed[string(s.UID)], s.Namespace, s.Name, s.Spec); d != "" {
+				add(s, PlanDrifted, d)
+			}
 		case !slices.Contains(s.Finalizers, Finalizer):
 			// The sync puts it on first, and then does the rest; the plan says both.
 			add(s, PlanAddFinalizer, "before the row is written")
@@ -155,7 +168,7 @@ func ComputePlan(in PlanInput) Plan {
 
 	var orphans []registry.Record
 	for _, r := range in.Rows {
-		if !seen[types.UID(r.UID)] {
+		if !seen[types.UID(r.UID)] && r.Management != registry.ManagementObserve {
 			orphans = append(orphans, r)
 		}
 	}

@@ -40,15 +40,26 @@ func registryStatus(row registry.Record) *studentv1.RegistryStatus {
 // and writes the status, only if that changed anything. It reports whether it wrote.
 // The status it writes is also no longer paused, and records a reconcile request as
 // handled.
-func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, cond metav1.Condition, reg *studentv1.RegistryStatus) (bool, error) {
-	c.cfg.Metrics.observeReady(cache.MetaObjectToName(s).String(), cond.Status == metav1.ConditionTrue)
+//
+// drifted is the Drifted condition of an observed Student (nil for a managed one, whose
+// status then holds none). A drifted Student is counted in students_drifted, not in
+// students_not_ready: drift is what observing reports, not a fault.
+func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, cond metav1.Condition, reg *studentv1.RegistryStatus, drifted ...metav1.Condition) (bool, error) {
+	key := cache.MetaObjectToName(s).String()
+	c.cfg.Metrics.observeReady(key, cond.Status == metav1.ConditionTrue || cond.Reason == studentv1.ReasonDrifted)
+	c.cfg.Metrics.observeDrifted(key, len(drifted) > 0 && drifted[0].Status == metav1.ConditionTrue)
 	status := *s.Status.DeepCopy()
 	status.ObservedGeneration = s.Generation
 	status.Registry = reg
-	cond.ObservedGeneration = s.Generation
-	cond.LastTransitionTime = metav1.NewTime(c.clock.Now().Truncate(time.Second))
-	// Keeps the transition time when the condition's status did not change.
-	meta.SetStatusCondition(&status.Conditions, cond)
+	if len(drifted) == 0 {
+		meta.RemoveStatusCondition(&status.Conditions, studentv1.ConditionDrifted)
+	}
+	for _, cond := range append([]metav1.Condition{cond}, drifted...) {
+		cond.ObservedGeneration = s.Generation
+		cond.LastTransitionTime = metav1.NewTime(c.clock.Now().Truncate(time.Second))
+		// Keeps the transition time when the condition's status did not change.
+		meta.SetStatusCondition(&status.Conditions, cond)
+	}
 	unpausedStatus(&status)
 	if token := reconcileRequest(s); token != "" && utf8.RuneCountInString(token) <= maxReconcileToken {
 		status.LastHandledReconcileAt = token

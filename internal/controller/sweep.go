@@ -22,7 +22,9 @@ type sweepPlan struct {
 
 // planSweep compares the rows this controller owns with the Students in the cache. It
 // is a pure function of its inputs. A paused Student's row is left as it is, however it
-// differs; it is still that Student's, never an orphan.
+// differs; it is still that Student's, never an orphan. An observed Student is queued
+// when its row drifted (its sync reports it, and writes nothing); an observed row
+// without its Student is no orphan: nothing lets it go.
 func planSweep(owner string, rows []registry.Record, students []*cachedStudent) sweepPlan {
 	uids := make([]types.UID, len(students))
 	byUID := make(map[types.UID]*cachedStudent, len(students))
@@ -39,11 +41,16 @@ func planSweep(owner string, rows []registry.Record, students []*cachedStudent) 
 		uid := types.UID(row.UID)
 		seen[uid] = true
 		s, ok := byUID[uid]
-		if !ok {
+		switch {
+		case !ok && row.Management == registry.ManagementObserve:
+		case !ok:
 			plan.Orphans = append(plan.Orphans, row)
-			continue
-		}
-		if !s.deleting() && !s.isPaused() && !sameRow(row, s.record(owner)) {
+		case s.deleting() || s.isPaused():
+		case s.isObserved():
+			if drift(row, true, false, s.namespace(), s.name(), s.spec()) != "" {
+				plan.Resync = append(plan.Resync, s.key)
+			}
+		case !sameRow(row, s.record(owner)):
 			plan.Resync = append(plan.Resync, s.key)
 		}
 	}
@@ -156,7 +163,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			errs = append(errs, err)
 			break
 		}
-		if err != nil && !errors.Is(err, registry.ErrNotOwned) {
+		if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
 			errs = append(errs, err)
 			continue
 		}

@@ -53,6 +53,23 @@ func TestPlanSweep(t *testing.T) {
 			rows:     []registry.Record{tampered},
 			students: []*studentv1.Student{newStudent("b", pausedBy), newStudent("c", pausedBy)},
 		},
+		"an observed Student in line, its generation and marks aside, is not queued": {
+			rows:     []registry.Record{recordOf(owner, newStudent("a", observing))},
+			students: []*studentv1.Student{newStudent("a", observing, func(s *studentv1.Student) { s.Generation = 3 })},
+		},
+		"an observed Student whose row drifted is queued, to report it": {
+			rows:       []registry.Record{tampered},
+			students:   []*studentv1.Student{newStudent("b", observing)},
+			wantResync: []string{"school/b"},
+		},
+		"an observed row without its Student is no orphan": {
+			rows: []registry.Record{recordOf(owner, newStudent("a", observing))},
+		},
+		"a Student switched to Manage is queued, to manage its observed row": {
+			rows:       []registry.Record{recordOf(owner, newStudent("a", observing))},
+			students:   []*studentv1.Student{newStudent("a")},
+			wantResync: []string{"school/a"},
+		},
 		"invalid student has no row to repair": {
 			students: []*studentv1.Student{newStudent("a", func(s *studentv1.Student) { s.Spec.Name = "" })},
 		},

@@ -74,6 +74,9 @@ func (c *Controller) reconcile(ctx context.Context, s *studentv1.Student) error 
 	if problem := s.Spec.Validate(); problem != "" {
 		return c.refuseSpec(ctx, s, problem)
 	}
+	if observed(s.Spec) {
+		return c.observe(ctx, s)
+	}
 	s, err := c.ensureFinalizer(ctx, s)
 	if err != nil {
 		return err
@@ -308,6 +311,7 @@ func (c *Controller) report(ctx context.Context, s *studentv1.Student, row regis
 		}
 		return err
 	}
+	c.cfg.Metrics.observeReported(cache.MetaObjectToName(s).String(), s.Generation, c.clock.Now())
 	switch action {
 	case rowUpdated:
 		c.write.event(s, corev1.EventTypeNormal, EventRowUpdated, fmt.Sprintf("Registry row written: %s, %s", row.StudentName, row.School))
@@ -379,7 +383,7 @@ func (c *Controller) observeLetGo(outcome registry.Outcome) {
 // row released. A row already released is not ours and stays.
 func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
 	outcome, err := c.write.relinquish(ctx, string(s.UID), c.cfg.Owner, registry.CauseStaleCache)
-	if err != nil && !errors.Is(err, registry.ErrNotOwned) {
+	if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
 	c.observeLetGo(outcome)
@@ -402,6 +406,12 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 	var done bool
 	var err error
 	action := rowDeleted
+	if observed(s.Spec) {
+		if err := c.finalizeObserved(ctx, s); err != nil {
+			return err
+		}
+		return c.removeFinalizer(ctx, s)
+	}
 	switch s.Spec.DeletionPolicy {
 	case studentv1.DeletionPolicyOrphan:
 		action = rowReleased
@@ -438,6 +448,11 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 		logger.V(2).Info("Registry row gone from this controller", "action", action, "deletionPolicy", policy(s))
 	}
 
+	return c.removeFinalizer(ctx, s)
+}
+
+// removeFinalizer lets a Student being deleted go, once its row is seen to.
+func (c *Controller) removeFinalizer(ctx context.Context, s *studentv1.Student) error {
 	s.Finalizers = slices.DeleteFunc(s.Finalizers, func(f string) bool { return f == Finalizer })
 	if _, err := c.write.setFinalizers(ctx, s); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
@@ -519,14 +534,24 @@ func newRecord(owner string, uid types.UID, namespace, name string, generation i
 		Owner:          owner,
 		Generation:     generation,
 		DeletionPolicy: string(specPolicy(spec)),
+		Management:     rowManagement(spec),
 	}
+}
+
+// rowManagement is what a row records of its Student's spec.management.
+func rowManagement(spec studentv1.StudentSpec) string {
+	if observed(spec) {
+		return registry.ManagementObserve
+	}
+	return ""
 }
 
 // sameRow says whether a stored row already holds what want would write.
 func sameRow(row, want registry.Record) bool {
 	return row.UID == want.UID && row.Namespace == want.Namespace && row.Name == want.Name &&
 		row.StudentName == want.StudentName && row.School == want.School &&
-		row.Owner == want.Owner && row.Generation == want.Generation && row.DeletionPolicy == want.DeletionPolicy
+		row.Owner == want.Owner && row.Generation == want.Generation && row.DeletionPolicy == want.DeletionPolicy &&
+		row.Management == want.Management
 }
 
 func policy(s *studentv1.Student) studentv1.DeletionPolicy { return specPolicy(s.Spec) }

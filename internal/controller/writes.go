@@ -86,6 +86,13 @@ func (w *writes) recordPolicy(ctx context.Context, uid, owner, policy string) er
 	return err
 }
 
+// markObserved marks owner's row for uid as observed: no path that finds it without its
+// Student lets it go.
+func (w *writes) markObserved(ctx context.Context, uid, owner string) error {
+	_, err := guard(w, func() (struct{}, error) { return struct{}{}, w.registry.MarkObserved(ctx, uid, owner) })
+	return err
+}
+
 func (w *writes) pruneHistory(ctx context.Context, before time.Time) (int64, error) {
 	return guard(w, func() (int64, error) { return w.registry.PruneHistory(ctx, before) })
 }

@@ -44,6 +44,12 @@ const (
 	// server returns (the cluster went back in time: an etcd restore); it follows the
 	// Student again (Rewind).
 	CauseRegistryAhead = "registry-ahead"
+	// CauseObserved: the row's Student only observes it now (spec.management:
+	// Observe); the row is marked so (MarkObserved), and nothing else of it changed.
+	CauseObserved = "observed"
+	// CauseAdopted: student-controller registry adopt made a Student from the row, and
+	// bound the row to it.
+	CauseAdopted = "adopted"
 )
 
 // Why says why a row is written, for the history row written with it.

@@ -47,6 +47,9 @@ var (
 	// ErrExists: Insert found a row for the UID already, of whatever owner or state,
 	// and left it as it is.
 	ErrExists = errors.New("registry row exists")
+	// ErrObserved: the row is observed, not managed (its Student's spec.management is
+	// Observe); Relinquish leaves it as it is.
+	ErrObserved = errors.New("registry row observed, not managed")
 	// ErrHeld: another live controller of the owner holds the owner's write fence
 	// (its lease has not run out); TakeFence returns a *HeldError that names it.
 	ErrHeld = errors.New("another controller holds this owner's write fence")
@@ -57,6 +60,10 @@ const (
 	PolicyDelete = "Delete"
 	PolicyOrphan = "Orphan"
 )
+
+// ManagementObserve is what a row records while its Student only observes it
+// (spec.management: Observe); a managed row records nothing ("").
+const ManagementObserve = "Observe"
 
 // Record is one row of the students table.
 type Record struct {
@@ -82,6 +89,10 @@ type Record struct {
 	// is found without its Student. Empty for a row written before the registry
 	// recorded it; such a row is released, never deleted.
 	DeletionPolicy string
+	// Management is ManagementObserve while the row's Student only observes it, and
+	// "" while the controller manages it. An observed row is never let go by a path
+	// that finds it without its Student (Relinquish).
+	Management string
 }
 
 // Options tune a Registry. The zero value is ready to use.
@@ -141,7 +152,7 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// was a visible share of the controller's CPU (bench/results/tuning.md).
-	get, insert, upsert, rewind, del, release, delPolicy, releaseAsIs, recordPolicy, fenceCheck, history *sql.Stmt
+	get, insert, upsert, rewind, del, release, delPolicy, releaseAsIs, recordPolicy, observe, adopt, fenceCheck, history *sql.Stmt
 	// actor is Options.Actor, for the history.
 	actor string
 	// migrationLockTimeout is Options.MigrationLockTimeout; prepareMu guards Migrate.
@@ -170,7 +181,7 @@ type Registry struct {
 	transactions atomic.Int64
 }
 
-const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy`
+const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy, management`
 
 // Statements of the hot path. $n placeholders: PostgreSQL's, and SQLite takes them too.
 // Writes set every column the schema checks, so that they also repair a row written
@@ -196,6 +207,7 @@ const (
 			school = excluded.school,
 			generation = excluded.generation,
 			deletion_policy = excluded.deletion_policy,
+			management = NULL,
 			created_at = CASE WHEN %[1]s THEN students.created_at ELSE excluded.created_at END,
 			updated_at = excluded.updated_at,
 			released_at = NULL
@@ -206,7 +218,7 @@ const (
 	rewindSQL = `
 		UPDATE students SET namespace = $2, name = $3, student_name = $4, school = $5, generation = $7,
 			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END, updated_at = $8,
-			deletion_policy = $9, released_at = NULL
+			deletion_policy = $9, released_at = NULL, management = NULL
 		WHERE uid = $1 AND owner = $6 AND generation = $10
 		RETURNING created_at, updated_at`
 	deleteSQL = `DELETE FROM students WHERE uid = $1 AND owner = $2` + returned
@@ -214,20 +226,22 @@ const (
 	releaseSQL = `
 		UPDATE students SET namespace = $3, name = $4, student_name = $5, school = $6, generation = $7,
 			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END,
-			owner = NULL, released_at = $8, updated_at = $8, deletion_policy = 'Orphan'
+			owner = NULL, released_at = $8, updated_at = $8, deletion_policy = 'Orphan', management = NULL
 		WHERE uid = $1 AND owner = $2 AND %[2]s` + returned
 	// What Relinquish runs: a Delete row goes; any other (Orphan, or a policy not yet
-	// recorded) is released as it stands.
-	deletePolicySQL = `DELETE FROM students WHERE uid = $1 AND owner = $2 AND deletion_policy = 'Delete'` + returned
+	// recorded) is released as it stands. An observed row stays.
+	deletePolicySQL = `DELETE FROM students WHERE uid = $1 AND owner = $2 AND deletion_policy = 'Delete' AND management IS NULL` + returned
 	releaseAsIsSQL  = `
 		UPDATE students SET created_at = CASE WHEN %[1]s THEN created_at ELSE $3 END,
 			owner = NULL, released_at = $3, updated_at = $3
-		WHERE uid = $1 AND owner = $2` + returned
+		WHERE uid = $1 AND owner = $2 AND management IS NULL` + returned
 	// The last statement of a fenced write: it locks the owner's fence row (on
 	// PostgreSQL; SQLite's write lock covers the whole transaction) and finds it only
 	// while it still holds this controller's token.
 	fenceCheckSQL   = `UPDATE fences SET token = token WHERE owner = $1 AND token = $2`
 	recordPolicySQL = `UPDATE students SET deletion_policy = $3 WHERE uid = $1 AND owner = $2 AND deletion_policy IS NULL` + returned
+	// The owner's managed row becomes observed: nothing else of it changes.
+	observeSQL = `UPDATE students SET management = 'Observe' WHERE uid = $1 AND owner = $2 AND management IS NULL` + returned
 )
 
 // Open connects to the registry at rawURL (see parseURL for the forms it takes) and
@@ -335,6 +349,8 @@ func (r *Registry) prepare(ctx context.Context) error {
 		{&r.releaseAsIs, fmt.Sprintf(releaseAsIsSQL, fmt.Sprintf(d.validTime, "created_at"))},
 		{&r.fenceCheck, fenceCheckSQL},
 		{&r.recordPolicy, recordPolicySQL},
+		{&r.observe, observeSQL},
+		{&r.adopt, adoptSQL},
 		{&r.history, historyInsertSQL},
 	}
 	prepared := make([]*sql.Stmt, 0, len(stmts))
@@ -381,7 +397,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.fenceCheck, r.history} {
+	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.observe, r.adopt, r.fenceCheck, r.history} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -406,8 +422,8 @@ func (r *Registry) Ping(ctx context.Context) error { return r.db.PingContext(ctx
 // that a row another system wrote past the schema is an ErrMalformed naming its uid,
 // not a failed query.
 func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
-	var v [11]any
-	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]); err != nil {
+	var v [12]any
+	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11]); err != nil {
 		return Record{}, err
 	}
 	var d decoder
@@ -423,6 +439,7 @@ func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
 		UpdatedAt:      d.time(v[8], "updated_at", true),
 		ReleasedAt:     d.time(v[9], "released_at", false),
 		DeletionPolicy: d.policy(v[10]),
+		Management:     d.management(v[11]),
 	}
 	if len(d.problems) > 0 {
 		return Record{}, &malformedError{row: MalformedRow{UID: rec.UID, Problem: strings.Join(d.problems, "; ")}}
@@ -472,6 +489,15 @@ func (d *decoder) policy(v any) string {
 		return p
 	}
 	return ""
+}
+
+// management reads management; a value the schema would refuse reads as observed,
+// which no path lets go without its Student.
+func (d *decoder) management(v any) string {
+	if v == nil {
+		return ""
+	}
+	return ManagementObserve
 }
 
 func (d *decoder) integer(v any, column string) int64 {
@@ -768,6 +794,35 @@ func (r *Registry) RecordPolicy(ctx context.Context, uid, owner, policy string) 
 	return nil
 }
 
+// MarkObserved marks owner's row for uid as observed (Record.Management), where it is
+// managed, and changes nothing else; a history row (CauseObserved) records it. From
+// then on no path that finds the row without its Student lets it go. A missing row is
+// no error; another owner's, or a released one, is ErrNotOwned.
+func (r *Registry) MarkObserved(ctx context.Context, uid, owner string) error {
+	var n int64
+	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		e := entry{uid: uid, action: ActionUpdated, owner: owner, cause: CauseObserved}
+		marked, err := scanReturned(in(r.observe).QueryRowContext(ctx, uid, owner), &e)
+		if !marked {
+			return nil, err
+		}
+		n = 1
+		return []entry{e}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("mark row %s observed: %w", uid, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	// Not marked: gone, observed already, or not owner's.
+	err = r.notWritten(ctx, Record{UID: uid, Owner: owner})
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrObserved) {
+		return nil
+	}
+	return fmt.Errorf("mark row %s observed: %w", uid, err)
+}
+
 // Outcome is what Relinquish did to a row.
 type Outcome string
 
@@ -852,6 +907,9 @@ func (r *Registry) notWritten(ctx context.Context, want Record) error {
 		return fmt.Errorf("row %s was released at %s: %w", uid, rec.ReleasedAt.Format(time.RFC3339), ErrNotOwned)
 	case rec.Owner != want.Owner:
 		return fmt.Errorf("row %s is owned by %q: %w", uid, rec.Owner, ErrNotOwned)
+	case rec.Management == ManagementObserve && want.Generation == 0:
+		// Only Relinquish, which carries no generation, leaves observed rows alone.
+		return fmt.Errorf("row %s: %w", uid, ErrObserved)
 	case want.Generation > 0 && rec.Generation > want.Generation:
 		// Only writes that carry a generation are guarded by it; Delete carries none (0).
 		return fmt.Errorf("row %s holds generation %d, the write %d: %w", uid, rec.Generation, want.Generation, ErrStale)

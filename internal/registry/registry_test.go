@@ -543,6 +543,93 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 	})
 
+	t.Run("an observed row is never let go without its Student; a write manages it again", func(t *testing.T) {
+		r := open(t, newURL(t, b), newFakeClock())
+		for _, uid := range []string{"d", "o"} {
+			rec := student(uid, "ctl")
+			rec.DeletionPolicy = map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan}[uid]
+			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.MarkObserved(ctx, uid, "other"); !errors.Is(err, registry.ErrNotOwned) {
+				t.Errorf("MarkObserved %s by another owner: %v, want ErrNotOwned", uid, err)
+			}
+			for range 2 { // the second finds it observed already
+				if err := r.MarkObserved(ctx, uid, "ctl"); err != nil {
+					t.Fatalf("MarkObserved %s: %v", uid, err)
+				}
+			}
+			if got, err := r.Relinquish(ctx, uid, "ctl", registry.CauseSweep); !errors.Is(err, registry.ErrObserved) || got != registry.Absent {
+				t.Errorf("Relinquish of observed row %s: %q, %v; want nothing done, ErrObserved", uid, got, err)
+			}
+			row, err := r.Get(ctx, uid)
+			if err != nil || row.Owner != "ctl" || row.Management != registry.ManagementObserve || row.StudentName != rec.StudentName {
+				t.Errorf("observed row %s after Relinquish: %+v, %v; want it as it was, observed", uid, row, err)
+			}
+			rec.Generation++
+			if row, err = r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil || row.Management != "" {
+				t.Fatalf("Upsert of observed row %s: %+v, %v; want it managed again", uid, row, err)
+			}
+			if row, err = r.Get(ctx, uid); err != nil || row.Management != "" {
+				t.Errorf("row %s after Upsert: %+v, %v; want it managed", uid, row, err)
+			}
+		}
+		d := student("d", "ctl")
+		h, err := r.History(ctx, d.Namespace, d.Name)
+		if err != nil || len(h) != 3 || h[1].Cause != registry.CauseObserved || h[1].Action != registry.ActionUpdated {
+			t.Errorf("history of d: %+v, %v; want its write, observed once, its write", h, err)
+		}
+		if err := r.MarkObserved(ctx, "nope", "ctl"); err != nil {
+			t.Errorf("MarkObserved of a missing row: %v", err)
+		}
+	})
+
+	t.Run("adopt binds a released, an outside or the owner's row to a new Student, observed", func(t *testing.T) {
+		url, db := b.New(t)
+		r := open(t, url, newFakeClock())
+		for uid, owner := range map[string]string{"mine": "ctl", "released": "ctl", "theirs": "other"} {
+			rec := student(uid, owner)
+			rec.Generation = 7
+			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := r.Relinquish(ctx, "released", "ctl", "test"); err != nil { // no policy recorded: released
+			t.Fatal(err)
+		}
+		if _, err := db.ExecContext(ctx, `INSERT INTO students (uid, namespace, name, student_name, school) VALUES ('outside', 'default', 'li-si', '李四', '深圳中学')`); err != nil {
+			t.Fatalf("a row with the five columns alone: %v", err)
+		}
+		all, malformed, err := r.ListAll(ctx)
+		if err != nil || len(all) != 4 || len(malformed) != 0 {
+			t.Fatalf("ListAll: %d rows, %v malformed, %v; want 4", len(all), malformed, err)
+		}
+		for _, from := range []string{"mine", "released", "outside"} {
+			to := registry.Record{UID: "new-" + from, Namespace: "default", Name: "n-" + from, Owner: "ctl", Generation: 1, DeletionPolicy: registry.PolicyOrphan}
+			if err := r.Adopt(ctx, from, to); err != nil {
+				t.Fatalf("Adopt %s: %v", from, err)
+			}
+			got, err := r.Get(ctx, to.UID)
+			if err != nil || got.Owner != "ctl" || got.Generation != 1 || got.Management != registry.ManagementObserve || !got.ReleasedAt.IsZero() ||
+				got.DeletionPolicy != registry.PolicyOrphan || got.Name != to.Name {
+				t.Errorf("row of %s after Adopt: %+v, %v", from, got, err)
+			}
+			if _, err := r.Get(ctx, from); !errors.Is(err, registry.ErrNotFound) {
+				t.Errorf("the old uid %s is still there: %v", from, err)
+			}
+			h, err := r.History(ctx, "default", to.Name)
+			if err != nil || len(h) == 0 || h[len(h)-1].Action != registry.ActionAdopted || h[len(h)-1].UID != to.UID {
+				t.Errorf("history of %s: %+v, %v; want it adopted last", from, h, err)
+			}
+		}
+		if err := r.Adopt(ctx, "theirs", registry.Record{UID: "x", Namespace: "default", Name: "x", Owner: "ctl", Generation: 1}); !errors.Is(err, registry.ErrNotOwned) {
+			t.Errorf("Adopt of another owner's row: %v, want ErrNotOwned", err)
+		}
+		if err := r.Adopt(ctx, "nope", registry.Record{UID: "y", Namespace: "default", Name: "y", Owner: "ctl", Generation: 1}); !errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("Adopt of a missing row: %v, want ErrNotFound", err)
+		}
+	})
+
 	t.Run("an owner belongs to one cluster", func(t *testing.T) {
 		url := newURL(t, b)
 		r := open(t, url, newFakeClock())

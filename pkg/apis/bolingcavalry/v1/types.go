@@ -23,6 +23,8 @@ import (
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the registry row matches the spec"
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1,description="Why the student is or is not ready"
 // +kubebuilder:printcolumn:name="Policy",type=string,JSONPath=`.spec.deletionPolicy`,priority=1,description="What happens to the registry row on delete"
+// +kubebuilder:printcolumn:name="Management",type=string,JSONPath=`.spec.management`,priority=1,description="Manage: the controller writes the row; Observe: it only compares"
+// +kubebuilder:printcolumn:name="Drifted",type=string,JSONPath=`.status.conditions[?(@.type=="Drifted")].status`,priority=1,description="Whether an observed Student's registry row differs from its spec"
 // +kubebuilder:printcolumn:name="Sync",type=string,JSONPath=`.status.conditions[?(@.type=="Synced")].reason`,priority=1,description="Paused while the paused annotation holds the Student still"
 // +kubebuilder:printcolumn:name="Last Written",type=date,JSONPath=`.status.registry.lastWrittenTime`,priority=1,description="When the registry row was last written"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -69,7 +71,30 @@ type StudentSpec struct {
 	// +optional
 	// +kubebuilder:default=Delete
 	DeletionPolicy DeletionPolicy `json:"deletionPolicy,omitempty"`
+
+	// Management says what the controller does with the registry row: Manage (the
+	// default) writes it to follow this spec and lets it go on delete; Observe never
+	// writes, releases or deletes it, and only compares it with this spec: status shows
+	// the Drifted condition. Switch to Manage to bring the row in line (one write).
+	// Students that `student-controller registry adopt` makes from existing rows start
+	// observed.
+	// +optional
+	// +kubebuilder:default=Manage
+	Management Management `json:"management,omitempty"`
 }
+
+// Management says whether the controller writes a Student's registry row or only
+// observes it.
+// +kubebuilder:validation:Enum=Manage;Observe
+type Management string
+
+const (
+	// ManagementManage: the controller writes the row to follow the spec.
+	ManagementManage Management = "Manage"
+	// ManagementObserve: the controller reads the row and reports how it differs from
+	// the spec (the Drifted condition), and never changes it.
+	ManagementObserve Management = "Observe"
+)
 
 // DeletionPolicy says what happens to a Student's registry row when the Student is
 // deleted.
@@ -151,6 +176,10 @@ const (
 	// ConditionSynced is present only while the Student is paused: False, with reason
 	// ReasonPaused. Ready then still says what the controller last saw.
 	ConditionSynced = "Synced"
+	// ConditionDrifted is present only while spec.management is Observe: True, with
+	// reason ReasonDrifted and what differs, when the registry row differs from the spec;
+	// False, with reason ReasonInLine, when it matches.
+	ConditionDrifted = "Drifted"
 
 	// ReasonSynced: the registry row matches the spec.
 	ReasonSynced = "Synced"
@@ -168,6 +197,11 @@ const (
 	// and the controller did not take it back (more rows were ahead than it takes back
 	// on its own).
 	ReasonRegistryAhead = "RegistryAhead"
+	// ReasonDrifted: an observed Student's registry row differs from its spec (or is
+	// missing); the controller does not write it.
+	ReasonDrifted = "Drifted"
+	// ReasonInLine: an observed Student's registry row matches its spec.
+	ReasonInLine = "InLine"
 )
 
 // StudentList is a list of Students.

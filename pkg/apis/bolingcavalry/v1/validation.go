@@ -2,6 +2,7 @@ package v1
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -28,6 +29,10 @@ const (
 // means the default, Delete.
 var DeletionPolicies = []DeletionPolicy{DeletionPolicyDelete, DeletionPolicyOrphan}
 
+// Managements are the values spec.management takes (the CRD's enum); empty means the
+// default, Manage.
+var Managements = []Management{ManagementManage, ManagementObserve}
+
 // Validate says what is wrong with the spec by the CRD's rules, or "" when nothing is.
 func (spec StudentSpec) Validate() string {
 	if problem := validateText("spec.name", spec.Name, NameMaxLength); problem != "" {
@@ -38,6 +43,9 @@ func (spec StudentSpec) Validate() string {
 	}
 	if spec.DeletionPolicy != "" && spec.DeletionPolicy != DeletionPolicyDelete && spec.DeletionPolicy != DeletionPolicyOrphan {
 		return fmt.Sprintf("spec.deletionPolicy %q is neither Delete nor Orphan", spec.DeletionPolicy)
+	}
+	if spec.Management != "" && !slices.Contains(Managements, spec.Management) {
+		return fmt.Sprintf("spec.management %q is neither Manage nor Observe", spec.Management)
 	}
 	return ""
 }

@@ -50,6 +50,13 @@ func TestSpecRulesMatchTheCRD(t *testing.T) {
 	if !slices.Equal(enum, DeletionPolicies) {
 		t.Errorf("spec.deletionPolicy's enum: %q, want %q", enum, DeletionPolicies)
 	}
+	var managements []Management
+	for _, v := range spec.Properties["management"].Enum {
+		managements = append(managements, Management(string(v.Raw[1:len(v.Raw)-1])))
+	}
+	if !slices.Equal(managements, Managements) {
+		t.Errorf("spec.management's enum: %q, want %q", managements, Managements)
+	}
 }
 
 // TestValidate: each rule refuses what it should, with the CRD's message, and a spec
@@ -70,6 +77,8 @@ func TestValidate(t *testing.T) {
 		{StudentSpec{Name: "n", School: "a\x7fb"}, "spec.school " + MessageControl},
 		{StudentSpec{Name: "n", School: long(SchoolMaxLength + 1)}, "spec.school is 257 characters long, more than 256"},
 		{StudentSpec{Name: "n", School: "s", DeletionPolicy: "Keep"}, `spec.deletionPolicy "Keep" is neither Delete nor Orphan`},
+		{StudentSpec{Name: "n", School: "s", Management: ManagementObserve}, ""},
+		{StudentSpec{Name: "n", School: "s", Management: "observe"}, `spec.management "observe" is neither Manage nor Observe`},
 	} {
 		if got := tc.spec.Validate(); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.spec, got, tc.want)

@@ -39,6 +39,13 @@ type StudentSpecApplyConfiguration struct {
 	// deleted: Delete (the default) removes the row; Orphan keeps it and releases it,
 	// so the controller no longer owns or changes it.
 	DeletionPolicy *bolingcavalryv1.DeletionPolicy `json:"deletionPolicy,omitempty"`
+	// Management says what the controller does with the registry row: Manage (the
+	// default) writes it to follow this spec and lets it go on delete; Observe never
+	// writes, releases or deletes it, and only compares it with this spec: status shows
+	// the Drifted condition. Switch to Manage to bring the row in line (one write).
+	// Students that `student-controller registry adopt` makes from existing rows start
+	// observed.
+	Management *bolingcavalryv1.Management `json:"management,omitempty"`
 }
 
 // StudentSpecApplyConfiguration constructs a declarative configuration of the StudentSpec type for use with
@@ -68,5 +75,13 @@ func (b *StudentSpecApplyConfiguration) WithSchool(value string) *StudentSpecApp
 // If called multiple times, the DeletionPolicy field is set to the value of the last call.
 func (b *StudentSpecApplyConfiguration) WithDeletionPolicy(value bolingcavalryv1.DeletionPolicy) *StudentSpecApplyConfiguration {
 	b.DeletionPolicy = &value
+	return b
+}
+
+// WithManagement sets the Management field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Management field is set to the value of the last call.
+func (b *StudentSpecApplyConfiguration) WithManagement(value bolingcavalryv1.Management) *StudentSpecApplyConfiguration {
+	b.Management = &value
 	return b
 }

@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+)
+
+// adoptOptions are adopt's own flags.
+type adoptOptions struct {
+	school           string
+	createNamespaces bool
+	max              int
+	output           string
+	migrate          bool
+}
+
+// adoptRows runs "student-controller registry adopt": a Student of each row that has
+// none in this cluster, observed, and the row bound to it. It returns the exit code:
+// 0 when nothing was or would be adopted, 2 when something would be (--dry-run) or
+// rows were refused, 1 on an error.
+func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout io.Writer) (int, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
+	if err != nil {
+		return 1, fmt.Errorf("build client config: %w", err)
+	}
+	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return 1, err
+	}
+	students, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return 1, err
+	}
+	cluster, err := clusterID(ctx, kube)
+	if err != nil {
+		return 1, err
+	}
+	reg, err := openForCommand(ctx, opts, ao.migrate)
+	if err != nil {
+		return 1, err
+	}
+	defer reg.Close()
+	// Rows are bound to this owner: it must be this cluster's (bound on first use).
+	if opts.dryRun {
+		if b, err := reg.BindingOf(ctx, opts.owner); err == nil && b.Cluster != cluster {
+			return 1, fmt.Errorf("owner %q is bound to cluster %s, not this one (%s): %w", opts.owner, b.Cluster, cluster, registry.ErrOtherCluster)
+		} else if err != nil && !errors.Is(err, registry.ErrNotFound) {
+			return 1, err
+		}
+	} else if _, err := reg.Bind(ctx, opts.owner, cluster); err != nil {
+		return 1, err
+	}
+
+	in := controller.AdoptInput{Owner: opts.owner, Students: map[string]controller.ClusterStudent{}, Namespaces: map[string]bool{},
+		CreateNamespaces: ao.createNamespaces, Max: ao.max}
+	rows, malformed, err := reg.ListAll(ctx)
+	if err != nil {
+		return 1, err
+	}
+	for _, r := range rows {
+		if opts.scope.Contains(r.Namespace) && (ao.school == "" || r.School == ao.school) {
+			in.Rows = append(in.Rows, r)
+		}
+	}
+	all, err := listStudents(ctx, students, controller.Scope{})
+	if err != nil {
+		return 1, err
+	}
+	for _, s := range all {
+		in.Students[s.Namespace+"/"+s.Name] = controller.ClusterStudent{UID: string(s.UID),
+			AdoptedFrom: s.Annotations[controller.AnnotationAdoptedFrom], Paused: s.Annotations[studentv1.AnnotationPaused] == "true"}
+	}
+	namespaces, err := kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 1, fmt.Errorf("list namespaces: %w", err)
+	}
+	for _, ns := range namespaces.Items {
+		in.Namespaces[ns.Name] = true
+	}
+	plan := controller.PlanAdoption(in)
+
+	if ao.output == "json" {
+		if plan.Actions == nil {
+			plan.Actions = []controller.PlannedAction{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(plan); err != nil {
+			return 1, err
+		}
+	} else {
+		printAdoption(stdout, reg.String(), opts.owner, plan, len(malformed))
+	}
+	refused := len(plan.Actions) - plan.Changes()
+	if opts.dryRun || plan.Changes() == 0 {
+		if plan.Changes() > 0 || refused > 0 {
+			return 2, nil
+		}
+		return 0, nil
+	}
+
+	a := adopter{reg: reg, kube: kube, students: students, owner: opts.owner, namespaces: in.Namespaces, existing: in.Students}
+	done, total, last := 0, plan.Changes(), time.Now()
+	for _, act := range plan.Actions {
+		if act.Action == controller.PlanRefuse {
+			continue
+		}
+		if err := a.adopt(ctx, act, rows); err != nil {
+			return 1, fmt.Errorf("%d of %d adopted; %s/%s (row %s): %w", done, total, act.Namespace, act.Name, act.UID, err)
+		}
+		done++
+		if time.Since(last) >= 5*time.Second || done == total {
+			fmt.Fprintf(stdout, "adopted %d of %d\n", done, total)
+			last = time.Now()
+		}
+	}
+	if refused > 0 {
+		return 2, nil
+	}
+	return 0, nil
+}
+
+// adopter makes the Student of a row and binds the row to it.
+type adopter struct {
+	reg        *registry.Registry
+	kube       kubernetes.Interface
+	students   versioned.Interface
+	owner      string
+	namespaces map[string]bool
+	existing   map[string]controller.ClusterStudent
+}
+
+// adopt carries out one action of the plan. The Student is made paused, so that the
+// controller leaves it until its row is bound; then the row is bound (a history row
+// adopted), and the Student let go: its sync finds the row and reports it. A run cut
+// short is finished by the next (the Student names its row's former uid).
+func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, rows []registry.Record) error {
+	key := act.Namespace + "/" + act.Name
+	if act.Action == controller.PlanFinish {
+		return a.unpause(ctx, act.Namespace, act.Name)
+	}
+	var row registry.Record
+	for _, r := range rows {
+		if r.UID == act.UID {
+			row = r
+			break
+		}
+	}
+	if !a.namespaces[act.Namespace] {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: act.Namespace}}
+		if _, err := a.kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create namespace: %w", err)
+		}
+		a.namespaces[act.Namespace] = true
+	}
+	s := &studentv1.Student{}
+	if prior, ok := a.existing[key]; ok && prior.AdoptedFrom == row.UID {
+		// Made by a run that was cut short before it bound the row.
+		got, err := a.students.BolingcavalryV1().Students(act.Namespace).Get(ctx, act.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s = got
+	} else {
+		s = &studentv1.Student{
+			ObjectMeta: metav1.ObjectMeta{Namespace: act.Namespace, Name: act.Name, Annotations: map[string]string{
+				controller.AnnotationAdoptedFrom: row.UID, studentv1.AnnotationPaused: "true"}},
+			Spec: controller.AdoptedSpec(row),
+		}
+		created, err := a.students.BolingcavalryV1().Students(act.Namespace).Create(ctx, s, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("create Student: %w", err)
+		}
+		s = created
+	}
+	err := a.reg.Adopt(ctx, row.UID, registry.Record{UID: string(s.UID), Namespace: s.Namespace, Name: s.Name, Owner: a.owner,
+		Generation: s.Generation, DeletionPolicy: string(s.Spec.DeletionPolicy)})
+	if err != nil {
+		return fmt.Errorf("bind the row to Student %s: %w", s.UID, err)
+	}
+	return a.unpause(ctx, act.Namespace, act.Name)
+}
+
+// unpause lets the controller sync an adopted Student: its paused annotation goes.
+func (a *adopter) unpause(ctx context.Context, namespace, name string) error {
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, studentv1.AnnotationPaused)
+	if _, err := a.students.BolingcavalryV1().Students(namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("let the adopted Student go (remove %s): %w", studentv1.AnnotationPaused, err)
+	}
+	return nil
+}
+
+func printAdoption(w io.Writer, reg, owner string, p controller.AdoptionPlan, malformed int) {
+	fmt.Fprintf(w, "Registry %s, owner %q: %d rows compared, %d with their Student here\n", reg, owner, p.Rows, p.WithStudent)
+	if len(p.Actions) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "ACTION\tNAMESPACE\tNAME\tUID\tCAUSE")
+		for _, a := range p.Actions {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.Action, a.Namespace, a.Name, a.UID, a.Cause)
+		}
+		_ = tw.Flush()
+	}
+	if malformed > 0 {
+		fmt.Fprintf(w, "%d rows cannot be read and are left alone.\n", malformed)
+	}
+	if p.Refused {
+		fmt.Fprintf(w, "Refused: more rows to adopt than one run adopts (%d); none is. Narrow them (--namespace, --school) or raise --max-adoptions.\n", p.Bound)
+	}
+	fmt.Fprintf(w, "%d to adopt as observed Students.\n", p.Changes())
+}

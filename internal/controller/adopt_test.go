@@ -1,0 +1,82 @@
+package controller
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+func TestPlanAdoption(t *testing.T) {
+	row := func(uid, ns, name, owner string, opts ...func(*registry.Record)) registry.Record {
+		r := registry.Record{UID: uid, Namespace: ns, Name: name, StudentName: "张三", School: "深圳中学", Owner: owner}
+		for _, o := range opts {
+			o(&r)
+		}
+		return r
+	}
+	released := func(r *registry.Record) { r.ReleasedAt = start }
+	in := AdoptInput{
+		Owner: owner,
+		Rows: []registry.Record{
+			row("r1", "school", "released", "", released),
+			row("r2", "school", "inserted", ""),
+			row("r3", "school", "mine", owner),
+			row("r4", "school", "theirs", "another"),
+			row("r5", "school", "live", owner), // its Student is here
+			row("r6", "school", "taken", ""),   // a Student of another uid holds the name
+			row("r7", "school", "resumed", ""), // a cut-short run made its Student
+			row("r8", "school", "bad", "", func(r *registry.Record) { r.School = " " }),
+			row("r9", "gone", "nowhere", ""),        // no namespace gone
+			row("r10", "school", "Not_A_Name", ""),  // no Kubernetes name
+			row("u11", "school", "finished", owner), // bound, its Student still paused
+		},
+		Students: map[string]ClusterStudent{
+			"school/live":     {UID: "r5"},
+			"school/taken":    {UID: "u-taken"},
+			"school/resumed":  {UID: "u-resumed", AdoptedFrom: "r7", Paused: true},
+			"school/finished": {UID: "u11", AdoptedFrom: "r11", Paused: true},
+		},
+		Namespaces: map[string]bool{"school": true},
+		Max:        10,
+	}
+	got := PlanAdoption(in)
+	want := map[string]string{
+		"r1": PlanAdopt, "r2": PlanAdopt, "r3": PlanAdopt, "r4": PlanRefuse, "r6": PlanRefuse, "r7": PlanAdopt,
+		"r8": PlanRefuse, "r9": PlanRefuse, "r10": PlanRefuse, "u11": PlanFinish,
+	}
+	actions := map[string]string{}
+	for _, a := range got.Actions {
+		actions[a.UID] = a.Action
+	}
+	if diff := cmp.Diff(want, actions); diff != "" {
+		t.Errorf("actions (-want +got):\n%s\n%+v", diff, got.Actions)
+	}
+	if got.WithStudent != 1 || got.Rows != len(in.Rows) || got.Changes() != 5 {
+		t.Errorf("plan: %d with their Student, %d rows, %d changes; want 1, %d, 5", got.WithStudent, got.Rows, got.Changes(), len(in.Rows))
+	}
+
+	in.CreateNamespaces = true
+	if a := PlanAdoption(in).Actions; a[0].UID != "r9" || a[0].Action != PlanAdopt {
+		t.Errorf("with --create-namespaces, the row of a missing namespace: %+v, want adopt", a[0])
+	}
+	in.Max = 3
+	bounded := PlanAdoption(in)
+	if !bounded.Refused || bounded.Changes() != 1 { // finish is not adopting a row
+		t.Errorf("past the bound: refused %v, %d changes; want refused, only the finish", bounded.Refused, bounded.Changes())
+	}
+}
+
+func TestAdoptedSpec(t *testing.T) {
+	r := registry.Record{StudentName: "张三", School: "深圳中学", ReleasedAt: time.Now()}
+	if got := AdoptedSpec(r); got.DeletionPolicy != studentv1.DeletionPolicyOrphan || got.Management != studentv1.ManagementObserve {
+		t.Errorf("spec of a row with no policy: %+v, want Orphan, Observe", got)
+	}
+	r.DeletionPolicy = registry.PolicyDelete
+	if got := AdoptedSpec(r); got.DeletionPolicy != studentv1.DeletionPolicyDelete {
+		t.Errorf("spec of a Delete row: %+v, want Delete", got)
+	}
+}

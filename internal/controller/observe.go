@@ -1,0 +1,117 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// Event reasons of an observed Student: its row drifted from the spec, or came back in
+// line. Each is sent once per change of the Drifted condition.
+const (
+	EventDrifted = "Drifted"
+	EventInLine  = "InLine"
+)
+
+// observed says whether a Student only observes its row (spec.management: Observe).
+func observed(spec studentv1.StudentSpec) bool {
+	return spec.Management == studentv1.ManagementObserve
+}
+
+// drift says how the registry row of an observed Student differs from its spec, "" when
+// it does not: the one comparison the sync, the sweep and plan make of an observed
+// Student. found says whether the registry holds the row, malformed that it cannot be
+// read. Only what the row says of the student is compared (the Student it names, the
+// display name, the school), not what the controller keeps in it (generation, owner,
+// deletion policy): an observed row is its writer's, not the controller's.
+func drift(row registry.Record, found, malformed bool, namespace, name string, spec studentv1.StudentSpec) string {
+	switch {
+	case malformed:
+		return "the registry row cannot be read"
+	case !found:
+		return "the registry has no row for this Student"
+	}
+	var diffs []string
+	if row.Namespace != namespace || row.Name != name {
+		diffs = append(diffs, fmt.Sprintf("the row names the Student %s/%s", row.Namespace, row.Name))
+	}
+	if row.StudentName != spec.Name {
+		diffs = append(diffs, fmt.Sprintf("student_name is %q, spec.name %q", row.StudentName, spec.Name))
+	}
+	if row.School != spec.School {
+		diffs = append(diffs, fmt.Sprintf("school is %q, spec.school %q", row.School, spec.School))
+	}
+	return strings.Join(diffs, "; ")
+}
+
+// observe is the sync of an observed Student: it reads the row, compares it with the
+// spec and reports (the Drifted and Ready conditions, an Event when Drifted changes),
+// and never writes the row. The one registry write it makes is a mark, once: a row
+// this controller managed until now is marked observed, so that no path that finds it
+// without its Student (the sweep after a deletion) lets it go.
+func (c *Controller) observe(ctx context.Context, s *studentv1.Student) error {
+	row, err := c.rows.Get(ctx, string(s.UID))
+	found, malformed := err == nil, errors.Is(err, registry.ErrMalformed)
+	if err != nil && !malformed && !errors.Is(err, registry.ErrNotFound) {
+		return c.registryFailed(ctx, s, err)
+	}
+	if found && row.Owner == c.cfg.Owner && row.Management != registry.ManagementObserve {
+		if err := c.write.markObserved(ctx, row.UID, c.cfg.Owner); err != nil && !errors.Is(err, registry.ErrNotOwned) {
+			return c.registryFailed(ctx, s, err)
+		}
+		klog.FromContext(ctx).V(2).Info("Registry row marked observed: the controller no longer writes it")
+	}
+	differs := drift(row, found, malformed, s.Namespace, s.Name, s.Spec)
+	return c.reportObserved(ctx, s, differs)
+}
+
+// reportObserved writes an observed Student's status: Drifted True (with what
+// differs) or False, Ready False or True to match, and an Event when Drifted changed.
+func (c *Controller) reportObserved(ctx context.Context, s *studentv1.Student, differs string) error {
+	key := cache.MetaObjectToName(s).String()
+	was := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionDrifted)
+	wasDrifted := was != nil && was.Status == metav1.ConditionTrue
+	ready := metav1.Condition{Type: studentv1.ConditionReady, Status: metav1.ConditionTrue, Reason: studentv1.ReasonInLine,
+		Message: "The registry row matches the spec; the Student is observed, so the controller does not write it"}
+	drifted := metav1.Condition{Type: studentv1.ConditionDrifted, Status: metav1.ConditionFalse, Reason: studentv1.ReasonInLine,
+		Message: "The registry row matches the spec"}
+	if differs != "" {
+		msg := "The registry row differs from the spec: " + differs + ". The Student is observed, so the controller does not write it; " +
+			"set spec.management to Manage to bring the row in line"
+		ready = notReady(studentv1.ReasonDrifted, msg)
+		drifted.Status, drifted.Reason, drifted.Message = metav1.ConditionTrue, studentv1.ReasonDrifted, msg
+	}
+	if _, err := c.updateStatus(ctx, s, ready, s.Status.Registry, drifted); err != nil {
+		return err
+	}
+	c.cfg.Metrics.observeReported(key, s.Generation, c.clock.Now())
+	switch {
+	case differs != "" && !wasDrifted:
+		c.write.warn(s, EventDrifted, drifted.Message)
+	case differs == "" && wasDrifted:
+		c.write.event(s, corev1.EventTypeNormal, EventInLine, "The registry row matches the spec again")
+	}
+	return nil
+}
+
+// finalizeObserved lets an observed Student go and leaves its row as it is: marked
+// observed, so that the sweep leaves it too. A row of another owner, or none, is left
+// alone.
+func (c *Controller) finalizeObserved(ctx context.Context, s *studentv1.Student) error {
+	err := c.write.markObserved(ctx, string(s.UID), c.cfg.Owner)
+	if err != nil && !errors.Is(err, registry.ErrNotOwned) {
+		return c.registryFailed(ctx, s, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Observed Student deleted: its registry row stays as it is")
+	return nil
+}

@@ -1,0 +1,80 @@
+package registry
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// adoptSQL binds a row to its new Student and owner ($2, $5): released rows, rows
+// another system inserted (no owner) and the owner's own. The row becomes observed;
+// the student's record (names, school, created_at, updated_at) stays as it was.
+const adoptSQL = `
+	UPDATE students SET uid = $2, namespace = $3, name = $4, owner = $5, generation = $6, deletion_policy = $7,
+		released_at = NULL, management = 'Observe'
+	WHERE uid = $1 AND (owner IS NULL OR owner = $5)` + returned
+
+// ListAll returns every readable row of the registry, whatever its owner, by
+// namespace, name and UID, and apart from them the rows it cannot read.
+func (r *Registry) ListAll(ctx context.Context) ([]Record, []MalformedRow, error) {
+	rows, err := r.db.QueryContext(ctx, `SELECT `+columns+` FROM students`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list rows: %w", err)
+	}
+	defer rows.Close()
+	var out []Record
+	var malformed []MalformedRow
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		var bad *malformedError
+		if errors.As(err, &bad) {
+			malformed = append(malformed, bad.row)
+			continue
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("list rows: %w", err)
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("list rows: %w", err)
+	}
+	slices.SortFunc(out, func(a, b Record) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), strings.Compare(a.UID, b.UID))
+	})
+	return out, malformed, nil
+}
+
+// Adopt binds the row of uid from to the Student rec names (rec.UID, its namespace
+// and name), owned by rec.Owner, at rec.Generation and rec.DeletionPolicy, and marks it
+// observed, in one transaction with a history row (ActionAdopted, CauseAdopted). Only
+// a released row, one with no owner (another system's) or rec.Owner's own is bound;
+// another owner's is ErrNotOwned, a missing one ErrNotFound. The student's record in
+// it is not changed.
+func (r *Registry) Adopt(ctx context.Context, from string, rec Record) error {
+	if err := requireKey("adopt", rec); err != nil {
+		return err
+	}
+	var n int64
+	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		e := entry{uid: rec.UID, action: ActionAdopted, owner: rec.Owner, cause: CauseAdopted}
+		bound, err := scanReturned(in(r.adopt).QueryRowContext(ctx, from, rec.UID, rec.Namespace, rec.Name, rec.Owner,
+			rec.Generation, policyValue(rec.DeletionPolicy)), &e)
+		if !bound {
+			return nil, err
+		}
+		n = 1
+		return []entry{e}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("adopt row %s: %w", from, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	return fmt.Errorf("adopt row %s: %w", from, r.notWritten(ctx, Record{UID: from, Owner: rec.Owner}))
+}
