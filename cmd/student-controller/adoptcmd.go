@@ -33,9 +33,15 @@ type adoptOptions struct {
 
 // adoptRows runs "student-controller registry adopt": a Student of each row that has
 // none in this cluster, observed, and the row bound to it. It returns the exit code:
-// 0 when nothing was or would be adopted, 2 when something would be (--dry-run) or
-// rows were refused, 1 on an error.
-func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout io.Writer) (int, error) {
+// 2 when rows were left alone (refused or unreadable) or, with --dry-run, would be
+// adopted; 1 on an error; 0 otherwise.
+func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stderr io.Writer) (int, error) {
+	if opts.dryRun && ao.migrate {
+		return 1, errors.New("--dry-run changes nothing, and --migrate would migrate the schema: give one of them")
+	}
+	if opts.selector != "" {
+		return 1, errors.New("--selector: adopt makes Students of rows, which have no labels; choose rows with --namespace or --school")
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
 	if err != nil {
 		return 1, fmt.Errorf("build client config: %w", err)
@@ -109,7 +115,11 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout io.Wri
 	} else {
 		printAdoption(stdout, reg.String(), opts.owner, plan, len(malformed))
 	}
-	refused := len(plan.Actions) - plan.Changes()
+	refused := len(plan.Actions) - plan.Changes() + len(malformed)
+	progress := stdout
+	if ao.output == "json" {
+		progress = stderr
+	}
 	if opts.dryRun || plan.Changes() == 0 {
 		if plan.Changes() > 0 || refused > 0 {
 			return 2, nil
@@ -128,7 +138,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout io.Wri
 		}
 		done++
 		if time.Since(last) >= 5*time.Second || done == total {
-			fmt.Fprintf(stdout, "adopted %d of %d\n", done, total)
+			fmt.Fprintf(progress, "adopted %d of %d\n", done, total)
 			last = time.Now()
 		}
 	}
@@ -162,6 +172,13 @@ func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, rows 
 		if r.UID == act.UID {
 			row = r
 			break
+		}
+	}
+	if row.Owner == a.owner && row.Management != registry.ManagementObserve {
+		// The owner's row whose Student is gone: a running controller's sweep takes it
+		// for an orphan until it is bound. Marked observed, the sweep leaves it.
+		if err := a.reg.MarkObserved(ctx, row.UID, a.owner); err != nil {
+			return fmt.Errorf("mark the row observed: %w", err)
 		}
 	}
 	if !a.namespaces[act.Namespace] {
@@ -199,9 +216,10 @@ func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, rows 
 	return a.unpause(ctx, act.Namespace, act.Name)
 }
 
-// unpause lets the controller sync an adopted Student: its paused annotation goes.
+// unpause lets the controller sync an adopted Student: its paused annotation goes, and
+// the one that marks it as adopt's, so that a later run never unpauses it.
 func (a *adopter) unpause(ctx context.Context, namespace, name string) error {
-	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, studentv1.AnnotationPaused)
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null,%q:null}}}`, studentv1.AnnotationPaused, controller.AnnotationAdoptedFrom)
 	if _, err := a.students.BolingcavalryV1().Students(namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("let the adopted Student go (remove %s): %w", studentv1.AnnotationPaused, err)
 	}

@@ -45,10 +45,10 @@ Manage. The row is bound to the new Student and OWNER, with a history row "adopt
 Rows of another owner, rows whose namespace and name a Student of another uid holds,
 and rows that cannot be Students are left alone and listed; so are rows in namespaces
 that do not exist, unless --create-namespaces. Past --max-adoptions rows to adopt, it
-adopts none. --dry-run lists what it would do and changes nothing. Exit status: 0 when
-nothing is (or would be) adopted and nothing refused, 2 when something would be adopted
-(--dry-run) or some rows were left alone, 1 on an error. A second run adopts nothing new,
-and finishes what a run cut short left. Run it before the controller starts on a
+adopts none. --dry-run lists what it would do and changes nothing. Exit status: 2 when
+rows were left alone (refused or unreadable) or, with --dry-run, would be adopted; 1 on
+an error; 0 otherwise. A second run adopts nothing new, and finishes what a run cut
+short left. Run it before the controller starts on a
 rebuilt cluster: until then its sweep takes OWNER's rows without Students for orphans.
 
 backup copies a SQLite registry to FILE, which must not exist, while controllers go on
@@ -104,7 +104,7 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		var code int
 		ctx, cancel := context.WithTimeout(ctx, time.Hour)
 		defer cancel()
-		if code, err = adoptRows(ctx, opts, ao, stdout); err == nil {
+		if code, err = adoptRows(ctx, opts, ao, stdout, stderr); err == nil {
 			return code
 		}
 	default:

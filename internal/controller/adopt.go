@@ -80,8 +80,19 @@ func PlanAdoption(in AdoptInput) AdoptionPlan {
 	for key, s := range in.Students {
 		byUID[s.UID] = key
 	}
+	// Two rows or more that name one Student (one deleted with Orphan, made again and
+	// deleted again): which is the Student is the operator's call.
+	names := map[string]int{}
+	for _, row := range in.Rows {
+		if action, _ := adoption(row, in, byUID); action == PlanAdopt {
+			names[row.Namespace+"/"+row.Name]++
+		}
+	}
 	for _, row := range in.Rows {
 		action, cause := adoption(row, in, byUID)
+		if n := names[row.Namespace+"/"+row.Name]; action == PlanAdopt && n > 1 {
+			action, cause = PlanRefuse, fmt.Sprintf("%d rows name this Student: adopt one (--school, or release or delete the others by hand)", n)
+		}
 		switch action {
 		case "":
 			plan.WithStudent++
@@ -89,6 +100,8 @@ func PlanAdoption(in AdoptInput) AdoptionPlan {
 		case PlanAdopt:
 			cause = "released"
 			switch {
+			case row.Management == registry.ManagementObserve:
+				cause = fmt.Sprintf("owned by %q and observed, whose Student is gone", row.Owner)
 			case row.Owner == in.Owner:
 				cause = fmt.Sprintf("owned by %q, whose Student is gone", row.Owner)
 			case row.ReleasedAt.IsZero():

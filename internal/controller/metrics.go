@@ -99,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		notReady: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "student_controller_students_not_ready",
-			Help: "Students whose last sync left them not Ready (invalid spec, registry error, row owned elsewhere); deleted Students are not counted.",
+			Help: "Students whose last sync left them not Ready (invalid spec, registry error, row owned elsewhere); deleted Students, and observed Students whose row drifted (student_controller_students_drifted), are not counted.",
 		}),
 		drifted: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "student_controller_students_drifted",

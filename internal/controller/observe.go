@@ -108,9 +108,17 @@ func (c *Controller) reportObserved(ctx context.Context, s *studentv1.Student, d
 // observed, so that the sweep leaves it too. A row of another owner, or none, is left
 // alone.
 func (c *Controller) finalizeObserved(ctx context.Context, s *studentv1.Student) error {
-	err := c.write.markObserved(ctx, string(s.UID), c.cfg.Owner)
-	if err != nil && !errors.Is(err, registry.ErrNotOwned) {
+	row, err := c.rows.Get(ctx, string(s.UID))
+	switch {
+	case errors.Is(err, registry.ErrNotFound), errors.Is(err, registry.ErrMalformed):
+		// None, or one the schema's checks would refuse to mark: the sweep skips
+		// unreadable rows, and lets none go.
+	case err != nil:
 		return c.registryFailed(ctx, s, err)
+	case row.Owner == c.cfg.Owner && row.Management != registry.ManagementObserve:
+		if err := c.write.markObserved(ctx, row.UID, c.cfg.Owner); err != nil && !errors.Is(err, registry.ErrNotOwned) {
+			return c.registryFailed(ctx, s, err)
+		}
 	}
 	klog.FromContext(ctx).V(2).Info("Observed Student deleted: its registry row stays as it is")
 	return nil

@@ -203,3 +203,74 @@ func TestObserve(t *testing.T) {
 		}
 	})
 }
+
+// The plan of observed Students is what the controller does for them: the mark of a
+// row it managed until now (its one write), drift reported, a deletion that keeps the
+// row, and no orphan of a marked row whose Student is gone.
+func TestPlanObserved(t *testing.T) {
+	f := newFixture(t,
+		newStudent("o-mark", withFinalizer, observing),
+		newStudent("o-drift", withFinalizer, observing),
+		newStudent("o-bye", withFinalizer, observing, deleting),
+	)
+	drifted := recordOf(owner, newStudent("o-drift", observing))
+	drifted.School = "edited by hand"
+	f.put(recordOf(owner, newStudent("o-mark")), drifted, recordOf(owner, newStudent("o-bye")), recordOf(owner, newStudent("o-ghost")))
+	for _, uid := range []string{"uid-o-drift", "uid-o-ghost"} {
+		if err := f.registry.MarkObserved(f.ctx, uid, owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var students []*studentv1.Student
+	for _, s := range f.ctrl.students.list() {
+		students = append(students, s.student())
+	}
+	plan, err := PlanFor(f.ctx, f.registry, PlanScope{Owner: owner, SweepMaxDeletions: 10, SweepMaxDeletionPercent: 100}, students)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range plan.Actions {
+		got = append(got, a.Action+" "+a.Name)
+	}
+	want := []string{"update o-bye", "finalize o-bye", "drifted o-drift", "update o-mark"}
+	if !slices.Equal(got, want) || plan.Orphans != 0 || plan.Changes() != 3 {
+		t.Errorf("plan: %v, %d orphans, %d changes; want %v, 0 orphans, 3 changes", got, plan.Orphans, plan.Changes(), want)
+	}
+
+	last := f.historyLength()
+	for _, s := range students {
+		if err := f.ctrl.sync(f.ctx, s.Namespace+"/"+s.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.ctrl.Sweep(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h := f.historySince(last); !slices.Equal(h, []string{"uid-o-bye updated observed", "uid-o-mark updated observed"}) {
+		t.Errorf("history of the syncs and the sweep: %v; want the two marks alone", h)
+	}
+	if rows := f.rows(); len(rows) != 4 {
+		t.Errorf("rows: %d, want all 4 kept", len(rows))
+	}
+}
+
+// An observed Student deleted before its first sync, with the Delete policy: its row,
+// which it managed until then, is marked by the finalizer and kept by the sweep.
+func TestObservedDeletedBeforeItsSync(t *testing.T) {
+	f := newFixture(t, newStudent("a", withFinalizer, observing, deleting))
+	f.put(recordOf(owner, newStudent("a"))) // managed, Delete
+	if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.observe("school", "a")
+	if result, err := f.ctrl.Sweep(f.ctx); err != nil || result.Deleted != 0 || result.Released != 0 {
+		t.Errorf("sweep: %+v, %v; want nothing let go", result, err)
+	}
+	if got, err := f.registry.Get(f.ctx, "uid-a"); err != nil || got.Owner != owner || got.Management != registry.ManagementObserve {
+		t.Errorf("row: %+v, %v; want it kept, marked", got, err)
+	}
+}

@@ -122,6 +122,9 @@ func ComputePlan(in PlanInput) Plan {
 			held := mine || malformed[string(s.UID)] // a row it cannot read goes too
 			switch {
 			case observed(s.Spec):
+				if mine && row.Management != registry.ManagementObserve {
+					add(s, PlanUpdate, planMarkObserved)
+				}
 				add(s, PlanFinalize, "observed: the row is left as it is")
 			case held && policy(s) == studentv1.DeletionPolicyDelete:
 				add(s, PlanDelete, registry.CauseFinalizer)
@@ -138,6 +141,9 @@ func ComputePlan(in PlanInput) Plan {
 			stored, found := row, mine
 			if theirs {
 				stored, found = other, true
+			}
+			if mine && row.Management != registry.ManagementObserve {
+				add(s, PlanUpdate, planMarkObserved)
 			}
 			if d := drift(stored, found, malformed[string(s.UID)], s.Namespace, s.Name, s.Spec); d != "" {
 				add(s, PlanDrifted, d)
@@ -195,6 +201,10 @@ func ComputePlan(in PlanInput) Plan {
 	})
 	return plan
 }
+
+// planMarkObserved is the cause of the one write an observed Student makes: the mark of
+// a row it managed until then.
+const planMarkObserved = "observed: the row is marked so, and nothing else of it changes"
 
 // planAction is the plan's name of a row write's action.
 func planAction(action string) string {

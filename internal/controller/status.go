@@ -41,17 +41,21 @@ func registryStatus(row registry.Record) *studentv1.RegistryStatus {
 // The status it writes is also no longer paused, and records a reconcile request as
 // handled.
 //
-// drifted is the Drifted condition of an observed Student (nil for a managed one, whose
-// status then holds none). A drifted Student is counted in students_drifted, not in
+// drifted is the Drifted condition of an observed Student's report (nil otherwise: a
+// managed Student's status then holds none, and an observed one's keeps what it had). A drifted Student is counted in students_drifted, not in
 // students_not_ready: drift is what observing reports, not a fault.
 func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, cond metav1.Condition, reg *studentv1.RegistryStatus, drifted ...metav1.Condition) (bool, error) {
 	key := cache.MetaObjectToName(s).String()
 	c.cfg.Metrics.observeReady(key, cond.Status == metav1.ConditionTrue || cond.Reason == studentv1.ReasonDrifted)
-	c.cfg.Metrics.observeDrifted(key, len(drifted) > 0 && drifted[0].Status == metav1.ConditionTrue)
+	if len(drifted) > 0 || !observed(s.Spec) {
+		// An observed Student's failure (the registry out of reach) keeps what it last
+		// found, as its status does.
+		c.cfg.Metrics.observeDrifted(key, len(drifted) > 0 && drifted[0].Status == metav1.ConditionTrue)
+	}
 	status := *s.Status.DeepCopy()
 	status.ObservedGeneration = s.Generation
 	status.Registry = reg
-	if len(drifted) == 0 {
+	if len(drifted) == 0 && !observed(s.Spec) {
 		meta.RemoveStatusCondition(&status.Conditions, studentv1.ConditionDrifted)
 	}
 	for _, cond := range append([]metav1.Condition{cond}, drifted...) {

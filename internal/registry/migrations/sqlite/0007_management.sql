@@ -6,7 +6,8 @@
 --
 -- generation, created_at and updated_at take defaults (0, and now), so that another
 -- system adds a row for adopt with uid, namespace, name, student_name and school alone.
--- SQLite adds defaults only by rebuilding the table. Rows that break a check (a writer
+-- SQLite adds defaults only by rebuilding the table; indexes and triggers that another
+-- system added to it are not kept (CHANGELOG). Rows that break a check (a writer
 -- past the schema) are kept as they are, with the checks off for the copy; the
 -- migration runner discards this connection afterwards.
 PRAGMA ignore_check_constraints = ON;
