@@ -30,9 +30,11 @@ func TestPlanAdoption(t *testing.T) {
 			row("r6", "school", "taken", ""),   // a Student of another uid holds the name
 			row("r7", "school", "resumed", ""), // a cut-short run made its Student
 			row("r8", "school", "bad", "", func(r *registry.Record) { r.School = " " }),
-			row("r9", "gone", "nowhere", ""),        // no namespace gone
-			row("r10", "school", "Not_A_Name", ""),  // no Kubernetes name
-			row("u11", "school", "finished", owner), // bound, its Student still paused
+			row("r9", "gone", "nowhere", ""),            // no namespace gone
+			row("r10", "school", "Not_A_Name", ""),      // no Kubernetes name
+			row("u11", "school", "finished", owner),     // bound, its Student still paused
+			row("r12", "school", "twice", "", released), // two rows name one Student
+			row("r13", "school", "twice", "", released),
 		},
 		Students: map[string]ClusterStudent{
 			"school/live":     {UID: "r5"},
@@ -46,7 +48,7 @@ func TestPlanAdoption(t *testing.T) {
 	got := PlanAdoption(in)
 	want := map[string]string{
 		"r1": PlanAdopt, "r2": PlanAdopt, "r3": PlanAdopt, "r4": PlanRefuse, "r6": PlanRefuse, "r7": PlanAdopt,
-		"r8": PlanRefuse, "r9": PlanRefuse, "r10": PlanRefuse, "u11": PlanFinish,
+		"r8": PlanRefuse, "r9": PlanRefuse, "r10": PlanRefuse, "u11": PlanFinish, "r12": PlanRefuse, "r13": PlanRefuse,
 	}
 	actions := map[string]string{}
 	for _, a := range got.Actions {
