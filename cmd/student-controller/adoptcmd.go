@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
@@ -42,20 +41,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	if opts.selector != "" {
 		return 1, errors.New("--selector: adopt makes Students of rows, which have no labels; choose rows with --namespace or --school")
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
-	if err != nil {
-		return 1, fmt.Errorf("build client config: %w", err)
-	}
-	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return 1, err
-	}
-	students, err := versioned.NewForConfig(cfg)
-	if err != nil {
-		return 1, err
-	}
-	cluster, err := clusterID(ctx, kube)
+	kube, students, cluster, err := commandClients(ctx, opts)
 	if err != nil {
 		return 1, err
 	}

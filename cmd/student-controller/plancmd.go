@@ -105,20 +105,7 @@ type planReport struct {
 
 func makePlan(ctx context.Context, opts options) (planReport, error) {
 	report := planReport{Owner: opts.owner, Scope: opts.scope.String()}
-	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
-	if err != nil {
-		return report, fmt.Errorf("build client config: %w", err)
-	}
-	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return report, err
-	}
-	students, err := versioned.NewForConfig(cfg)
-	if err != nil {
-		return report, err
-	}
-	cluster, err := clusterID(ctx, kube)
+	_, students, cluster, err := commandClients(ctx, opts)
 	if err != nil {
 		return report, err
 	}
@@ -153,6 +140,29 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 		},
 	}, all)
 	return report, err
+}
+
+// commandClients are the clients of a subcommand that reads the cluster (--kubeconfig,
+// --master, the client's rate limits), and the cluster's identity.
+func commandClients(ctx context.Context, opts options) (kubernetes.Interface, versioned.Interface, string, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("build client config: %w", err)
+	}
+	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	students, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	cluster, err := clusterID(ctx, kube)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	return kube, students, cluster, nil
 }
 
 // listStudents lists the Students of scope, as the controller's informers ask for

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -21,26 +20,8 @@ const adoptSQL = `
 // ListAll returns every readable row of the registry, whatever its owner, by
 // namespace, name and UID, and apart from them the rows it cannot read.
 func (r *Registry) ListAll(ctx context.Context) ([]Record, []MalformedRow, error) {
-	rows, err := r.db.QueryContext(ctx, `SELECT `+columns+` FROM students`)
+	out, malformed, err := r.query(ctx, `SELECT `+columns+` FROM students`)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list rows: %w", err)
-	}
-	defer rows.Close()
-	var out []Record
-	var malformed []MalformedRow
-	for rows.Next() {
-		rec, err := scanRecord(rows)
-		var bad *malformedError
-		if errors.As(err, &bad) {
-			malformed = append(malformed, bad.row)
-			continue
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("list rows: %w", err)
-		}
-		out = append(out, rec)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, nil, fmt.Errorf("list rows: %w", err)
 	}
 	slices.SortFunc(out, func(a, b Record) int {

@@ -559,9 +559,24 @@ func (r *Registry) Get(ctx context.Context, uid string) (Record, error) {
 // List returns the rows that owner owns, by namespace and name, and apart from them
 // the owned rows it cannot read: one such row does not keep the caller from the rest.
 func (r *Registry) List(ctx context.Context, owner string) ([]Record, []MalformedRow, error) {
-	rows, err := r.db.QueryContext(ctx, r.dialect.listOwned, owner)
+	out, malformed, err := r.query(ctx, r.dialect.listOwned, owner)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list rows of %q: %w", owner, err)
+	}
+	if r.dialect.sortList {
+		slices.SortFunc(out, func(a, b Record) int {
+			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), strings.Compare(a.UID, b.UID))
+		})
+	}
+	return out, malformed, nil
+}
+
+// query runs a SELECT of columns and reads its rows, and apart from them the ones it
+// cannot read.
+func (r *Registry) query(ctx context.Context, query string, args ...any) ([]Record, []MalformedRow, error) {
+	rows, err := r.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer rows.Close()
 	var out []Record
@@ -574,19 +589,11 @@ func (r *Registry) List(ctx context.Context, owner string) ([]Record, []Malforme
 			continue
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("list rows of %q: %w", owner, err)
+			return nil, nil, err
 		}
 		out = append(out, rec)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("list rows of %q: %w", owner, err)
-	}
-	if r.dialect.sortList {
-		slices.SortFunc(out, func(a, b Record) int {
-			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), strings.Compare(a.UID, b.UID))
-		})
-	}
-	return out, malformed, nil
+	return out, malformed, rows.Err()
 }
 
 // Insert writes rec as the new row of rec.UID, owned by rec.Owner, and returns it as
