@@ -141,8 +141,8 @@ func adoption(row registry.Record, in AdoptInput, byUID map[string]string) (stri
 		}
 		return "", ""
 	}
-	if row.Owner != "" && row.Owner != in.Owner {
-		return PlanRefuse, fmt.Sprintf("owned by %q, another owner", row.Owner)
+	if _, adoptable, why := withoutStudent(row, in.Owner); !adoptable {
+		return PlanRefuse, why
 	}
 	if s, ok := in.Students[key]; ok {
 		if s.AdoptedFrom == row.UID {

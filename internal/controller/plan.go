@@ -174,7 +174,7 @@ func ComputePlan(in PlanInput) Plan {
 
 	var orphans []registry.Record
 	for _, r := range in.Rows {
-		if !seen[types.UID(r.UID)] && r.Management != registry.ManagementObserve {
+		if sweep, _, _ := withoutStudent(r, in.Owner); !seen[types.UID(r.UID)] && sweep != "" {
 			orphans = append(orphans, r)
 		}
 	}
@@ -182,7 +182,8 @@ func ComputePlan(in PlanInput) Plan {
 	plan.SweepBound = sweepBound(in.SweepMaxDeletions, in.SweepMaxDeletionPercent, len(in.Rows))
 	plan.SweepRefused = !in.NoSweep && len(orphans) > plan.SweepBound
 	for _, r := range orphans {
-		a := PlannedAction{Action: PlanRelease, Namespace: r.Namespace, Name: r.Name, UID: r.UID, Cause: registry.CauseSweep}
+		sweep, _, _ := withoutStudent(r, in.Owner)
+		a := PlannedAction{Action: sweep, Namespace: r.Namespace, Name: r.Name, UID: r.UID, Cause: registry.CauseSweep}
 		switch {
 		case in.NoSweep:
 			a.Action = PlanRefuse
@@ -190,8 +191,6 @@ func ComputePlan(in PlanInput) Plan {
 		case plan.SweepRefused:
 			a.Action = PlanRefuse
 			a.Cause = fmt.Sprintf("the sweep's guard: %d owned rows without a Student, more than it lets go at once (%d)", len(orphans), plan.SweepBound)
-		case r.DeletionPolicy == registry.PolicyDelete:
-			a.Action = PlanDelete
 		}
 		plan.Actions = append(plan.Actions, a)
 	}

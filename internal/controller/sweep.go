@@ -20,6 +20,24 @@ type sweepPlan struct {
 	Orphans []registry.Record
 }
 
+// withoutStudent is the one decision for a registry row whose Student is not in this
+// cluster, which the sweep, plan and adopt share: what the sweep does with it
+// (PlanDelete, PlanRelease, or "" to leave it), and whether adopt may make a Student of
+// it (else why not). The sweep lets go only of the owner's managed rows, by the policy
+// they record (Registry.Relinquish says the same in SQL); adopt takes any row but
+// another owner's.
+func withoutStudent(row registry.Record, owner string) (sweep string, adoptable bool, why string) {
+	switch {
+	case row.Owner != "" && row.Owner != owner:
+		return "", false, fmt.Sprintf("owned by %q, another owner", row.Owner)
+	case row.Owner == "", row.Management == registry.ManagementObserve:
+		return "", true, "" // released or another system's; or observed: kept
+	case row.DeletionPolicy == registry.PolicyDelete:
+		return PlanDelete, true, ""
+	}
+	return PlanRelease, true, ""
+}
+
 // planSweep compares the rows this controller owns with the Students in the cache. It
 // is a pure function of its inputs. A paused Student's row is left as it is, however it
 // differs; it is still that Student's, never an orphan. An observed Student is queued
@@ -42,9 +60,10 @@ func planSweep(owner string, rows []registry.Record, students []*cachedStudent) 
 		seen[uid] = true
 		s, ok := byUID[uid]
 		switch {
-		case !ok && row.Management == registry.ManagementObserve:
 		case !ok:
-			plan.Orphans = append(plan.Orphans, row)
+			if sweep, _, _ := withoutStudent(row, owner); sweep != "" {
+				plan.Orphans = append(plan.Orphans, row)
+			}
 		case s.deleting() || s.isPaused():
 		case s.isObserved():
 			if drift(row, true, false, s.namespace(), s.name(), s.spec()) != "" {
