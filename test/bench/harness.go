@@ -119,6 +119,12 @@ type result struct {
 	DeleteSeconds float64 `json:"deleteSeconds"`
 	DeleteLeft    int     `json:"deleteLeft"`
 
+	// LatencyP50Seconds, LatencyP99Seconds and LatencyMaxSeconds are each Student's time
+	// from create to Ready (the watch events that show them), over the converge.
+	LatencyP50Seconds float64 `json:"latencyP50Seconds,omitempty"`
+	LatencyP99Seconds float64 `json:"latencyP99Seconds,omitempty"`
+	LatencyMaxSeconds float64 `json:"latencyMaxSeconds,omitempty"`
+
 	Timeline []point `json:"timeline"`
 }
 
@@ -209,6 +215,7 @@ func (h *harness) measure(ctx context.Context, c contender) (*result, error) {
 		return nil, err
 	}
 	r.Timeline = timeline()
+	r.LatencyP50Seconds, r.LatencyP99Seconds, r.LatencyMaxSeconds = obs.latency()
 	r.APIServerCPUSeconds = h.apiServerCPU() - apiServerCPU
 	if machine, err := readMachineCPU(); err == nil && machineErr == nil {
 		used := machine.minus(machineBefore)
@@ -394,13 +401,34 @@ func inParallel(n, workers int, do func(i int) error) error {
 }
 
 // observer follows the namespace's Students through a watch and counts the Ready ones.
+// It also times each Student from the watch event that brings it (its create) to the
+// first that shows it Ready: the wait a user sees, to the millisecond (a Ready
+// condition's time is to the second).
 type observer struct {
 	ready, count atomic.Int64
 	stop         func()
+
+	mu        sync.Mutex
+	seen      map[string]time.Time // until first Ready
+	latencies []time.Duration
+}
+
+// latency is the p50, p99 and greatest of the times from create to Ready, in seconds;
+// zero before any Student was Ready.
+func (o *observer) latency() (p50, p99, most float64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.latencies) == 0 {
+		return 0, 0, 0
+	}
+	l := slices.Clone(o.latencies)
+	slices.Sort(l)
+	at := func(q float64) float64 { return l[min(len(l)-1, int(q*float64(len(l))))].Seconds() }
+	return at(0.50), at(0.99), l[len(l)-1].Seconds()
 }
 
 func (h *harness) observe(ctx context.Context, ns string) (*observer, error) {
-	o := &observer{}
+	o := &observer{seen: map[string]time.Time{}}
 	factory := externalversions.NewSharedInformerFactoryWithOptions(h.students, 0, externalversions.WithNamespace(ns))
 	informer := factory.Bolingcavalry().V1().Students().Informer()
 	var mu sync.Mutex
@@ -431,6 +459,14 @@ func (h *harness) observe(ctx context.Context, ns string) (*observer, error) {
 		if !existed {
 			o.count.Add(1)
 		}
+		o.mu.Lock()
+		if !existed && !ready {
+			o.seen[s.Name] = time.Now()
+		} else if at, ok := o.seen[s.Name]; ok && ready {
+			o.latencies = append(o.latencies, time.Since(at))
+			delete(o.seen, s.Name)
+		}
+		o.mu.Unlock()
 		if ready && !was {
 			o.ready.Add(1)
 		} else if !ready && was {

@@ -142,8 +142,8 @@ func markdown(rep report, from *report) string {
 	fmt.Fprintf(&b, "Run %s on %s%s. Each contender in turn: a fresh namespace, an empty registry, the same loader "+
 		"(32 goroutines, no client rate limit) and the same control plane. A phase that runs past %s is cut off; "+
 		"its converge time is then projected from the rate reached (marked *projected*)%s.\n\n", rep.Date, rep.Machine, built, rep.PhaseTimeout, deleteCut(rep))
-	b.WriteString("| contender | converge (all Ready, rows present) | × floor | × status-only floor | API requests / Student | Student writes / Student | Events / Student | CPU to converge | peak RSS | steady RSS | restart: time, writes | delete all |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| contender | converge (all Ready, rows present) | × floor | × status-only floor | API requests / Student | Student writes / Student | Events / Student | create to Ready: p50, p99, max | CPU to converge | peak RSS | steady RSS | restart: time, writes | delete all |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Results {
 		conv := fmt.Sprintf("%.1f s", r.ConvergeSeconds)
 		if !r.Converged {
@@ -171,8 +171,12 @@ func markdown(rep report, from *report) string {
 		if r.RatioToFloor > 0 {
 			floor = fmt.Sprintf("%.2f", r.RatioToFloor)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f | %.2f | %s | %.1f MiB | %.1f MiB | %s | %s |\n",
-			r.Name, conv, floor, statusFloor, methods(r.RequestsPerStudent), r.WritesPerStudent, r.EventsPerStudent, cpu, r.PeakRSSMiB, r.SteadyRSSMiB, restart, del)
+		latency := "–" // results from before it was measured
+		if r.LatencyMaxSeconds > 0 {
+			latency = fmt.Sprintf("%.2f s, %.2f s, %.2f s", r.LatencyP50Seconds, r.LatencyP99Seconds, r.LatencyMaxSeconds)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %.1f MiB | %.1f MiB | %s | %s |\n",
+			r.Name, conv, floor, statusFloor, methods(r.RequestsPerStudent), r.WritesPerStudent, r.EventsPerStudent, latency, cpu, r.PeakRSSMiB, r.SteadyRSSMiB, restart, del)
 	}
 	b.WriteString("\nContenders:\n\n")
 	for _, r := range rep.Results {
@@ -180,7 +184,9 @@ func markdown(rep report, from *report) string {
 	}
 	b.WriteString("\nAPI requests are the contender's own (client-go's `rest_client_requests_total`), Events included; " +
 		"GET counts the initial list and watches. CPU is the contender process's user and system time from its start " +
-		"until 3 s after converging; memory is its resident set (`VmHWM`, `VmRSS`) with N Students cached, at the same moment.\n")
+		"until 3 s after converging; memory is its resident set (`VmHWM`, `VmRSS`) with N Students cached, at the same moment. " +
+		"Create to Ready is each Student's wait, from the watch event of its create to the first that shows it Ready, " +
+		"as the bench's own watch sees them (to the millisecond); under a bulk load of N at once it is mostly queueing.\n")
 	var putTimes []string
 	for _, r := range rep.Results {
 		if r.StatusPUTServerMs > 0 {
