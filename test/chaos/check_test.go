@@ -180,6 +180,9 @@ func (c *checker) check(ctx context.Context) (violations, error) {
 			v.add(invNotLost, "%s (uid %s): not found", key, uid)
 			continue
 		}
+		if spec.Management == "" {
+			spec.Management = studentv1.ManagementManage // the CRD's default, which the loader does not set
+		}
 		if obj.Spec != spec {
 			v.add(invUpdates, "%s: object spec %+v, accepted %+v", key, obj.Spec, spec)
 		} else if hasRow && (r.studentName != spec.Name || r.school != spec.School) {

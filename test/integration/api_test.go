@@ -92,7 +92,7 @@ func TestClassicManifest(t *testing.T) {
 	if err != nil {
 		t.Fatalf("get: %v", err)
 	}
-	want := studentv1.StudentSpec{Name: "张三", School: "深圳中学", DeletionPolicy: studentv1.DeletionPolicyDelete}
+	want := studentv1.StudentSpec{Name: "张三", School: "深圳中学", DeletionPolicy: studentv1.DeletionPolicyDelete, Management: studentv1.ManagementManage}
 	if diff := cmp.Diff(want, got.Spec); diff != "" {
 		t.Errorf("spec read back (-want +got):\n%s", diff)
 	}

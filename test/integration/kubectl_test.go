@@ -52,7 +52,7 @@ func TestKubectl(t *testing.T) {
 		{[]string{"get", "stu", "-n", "default"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "AGE"}},
 		{[]string{"get", "students.bolingcavalry.k8s.io", "-n", "default"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "AGE"}},
 		{[]string{"get", "school", "-n", "default"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "AGE"}},
-		{[]string{"get", "stu", "-n", "default", "-o", "wide"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "REASON", "POLICY", "SYNC", "LAST WRITTEN", "AGE"}},
+		{[]string{"get", "stu", "-n", "default", "-o", "wide"}, []string{"NAME", "DISPLAY NAME", "SCHOOL", "READY", "REASON", "POLICY", "MANAGEMENT", "DRIFTED", "SYNC", "LAST WRITTEN", "AGE"}},
 	} {
 		out := kubectl(ctx, t, tc.args...)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -69,8 +69,8 @@ func TestKubectl(t *testing.T) {
 				t.Errorf("kubectl %s: row %q lacks %q", strings.Join(tc.args, " "), row, cell)
 			}
 		}
-		if strings.Contains(strings.Join(tc.args, " "), "wide") && !strings.Contains(row, "Delete") {
-			t.Errorf("kubectl get -o wide: row %q does not show the default deletionPolicy", row)
+		if strings.Contains(strings.Join(tc.args, " "), "wide") && (!strings.Contains(row, "Delete") || !strings.Contains(row, "Manage")) {
+			t.Errorf("kubectl get -o wide: row %q does not show the default deletionPolicy and management", row)
 		}
 	}
 
@@ -83,6 +83,7 @@ func TestKubectl(t *testing.T) {
 		"name <string> -required- Name is the student's display name",
 		"school <string> -required- School is the school the student attends",
 		"deletionPolicy <string> enum: Delete, Orphan",
+		"management <string> enum: Manage, Observe",
 		"student's display name, in any script",
 		"Orphan keeps it and releases it",
 	} {
