@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -113,13 +112,17 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 		return 0, nil
 	}
 
+	byUID := make(map[string]registry.Record, len(in.Rows))
+	for _, r := range in.Rows {
+		byUID[r.UID] = r
+	}
 	a := adopter{reg: reg, kube: kube, students: students, owner: opts.owner, namespaces: in.Namespaces, existing: in.Students}
 	done, total, last := 0, plan.Changes(), time.Now()
 	for _, act := range plan.Actions {
 		if act.Action == controller.PlanRefuse {
 			continue
 		}
-		if err := a.adopt(ctx, act, rows); err != nil {
+		if err := a.adopt(ctx, act, byUID[act.UID]); err != nil {
 			return 1, fmt.Errorf("%d of %d adopted; %s/%s (row %s): %w", done, total, act.Namespace, act.Name, act.UID, err)
 		}
 		done++
@@ -148,17 +151,10 @@ type adopter struct {
 // controller leaves it until its row is bound; then the row is bound (a history row
 // adopted), and the Student let go: its sync finds the row and reports it. A run cut
 // short is finished by the next (the Student names its row's former uid).
-func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, rows []registry.Record) error {
+func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row registry.Record) error {
 	key := act.Namespace + "/" + act.Name
 	if act.Action == controller.PlanFinish {
 		return a.unpause(ctx, act.Namespace, act.Name)
-	}
-	var row registry.Record
-	for _, r := range rows {
-		if r.UID == act.UID {
-			row = r
-			break
-		}
 	}
 	if row.Owner == a.owner && row.Management != registry.ManagementObserve {
 		// The owner's row whose Student is gone: a running controller's sweep takes it
@@ -214,14 +210,7 @@ func (a *adopter) unpause(ctx context.Context, namespace, name string) error {
 
 func printAdoption(w io.Writer, reg, owner string, p controller.AdoptionPlan, malformed int) {
 	fmt.Fprintf(w, "Registry %s, owner %q: %d rows compared, %d with their Student here\n", reg, owner, p.Rows, p.WithStudent)
-	if len(p.Actions) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "ACTION\tNAMESPACE\tNAME\tUID\tCAUSE")
-		for _, a := range p.Actions {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.Action, a.Namespace, a.Name, a.UID, a.Cause)
-		}
-		_ = tw.Flush()
-	}
+	printActions(w, p.Actions)
 	if malformed > 0 {
 		fmt.Fprintf(w, "%d rows cannot be read and are left alone.\n", malformed)
 	}

@@ -201,14 +201,7 @@ func printPlan(w io.Writer, r planReport) {
 		fmt.Fprint(w, " (the registry has no schema yet: the controller makes it when it first starts)")
 	}
 	fmt.Fprintln(w)
-	if len(r.Actions) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "ACTION\tNAMESPACE\tNAME\tUID\tCAUSE")
-		for _, a := range r.Actions {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.Action, a.Namespace, a.Name, a.UID, a.Cause)
-		}
-		_ = tw.Flush()
-	}
+	printActions(w, r.Actions)
 	if r.SweepRefused {
 		fmt.Fprintf(w, "The sweep would refuse: %d rows of the owner have no Student, more than it lets go at once (%d); it would let go of none.\n", r.Orphans, r.SweepBound)
 	}
@@ -226,6 +219,19 @@ func printPlan(w io.Writer, r planReport) {
 	default:
 		fmt.Fprintf(w, "%d changes.\n", n)
 	}
+}
+
+// printActions writes the actions of a plan or an adoption plan as a table, if any.
+func printActions(w io.Writer, actions []controller.PlannedAction) {
+	if len(actions) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACTION\tNAMESPACE\tNAME\tUID\tCAUSE")
+	for _, a := range actions {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.Action, a.Namespace, a.Name, a.UID, a.Cause)
+	}
+	_ = tw.Flush()
 }
 
 // readOnlyRegistry is what a plan reads of the registry.

@@ -62,15 +62,7 @@ type AdoptionPlan struct {
 }
 
 // Changes counts the Students adopt would make or finish.
-func (p AdoptionPlan) Changes() int {
-	n := 0
-	for _, a := range p.Actions {
-		if a.Action != PlanRefuse {
-			n++
-		}
-	}
-	return n
-}
+func (p AdoptionPlan) Changes() int { return changes(p.Actions) }
 
 // PlanAdoption says what adopt would do with each row: a pure function of its input,
 // as ComputePlan is of a plan's.
@@ -82,14 +74,17 @@ func PlanAdoption(in AdoptInput) AdoptionPlan {
 	}
 	// Two rows or more that name one Student (one deleted with Orphan, made again and
 	// deleted again): which is the Student is the operator's call.
+	type decision struct{ action, cause string }
+	decisions := make([]decision, len(in.Rows))
 	names := map[string]int{}
-	for _, row := range in.Rows {
-		if action, _ := adoption(row, in, byUID); action == PlanAdopt {
+	for i, row := range in.Rows {
+		decisions[i].action, decisions[i].cause = adoption(row, in, byUID)
+		if decisions[i].action == PlanAdopt {
 			names[row.Namespace+"/"+row.Name]++
 		}
 	}
-	for _, row := range in.Rows {
-		action, cause := adoption(row, in, byUID)
+	for i, row := range in.Rows {
+		action, cause := decisions[i].action, decisions[i].cause
 		if n := names[row.Namespace+"/"+row.Name]; action == PlanAdopt && n > 1 {
 			action, cause = PlanRefuse, fmt.Sprintf("%d rows name this Student: adopt one (--school, or release or delete the others by hand)", n)
 		}

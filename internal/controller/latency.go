@@ -1,8 +1,6 @@
 package controller
 
 import (
-	"maps"
-	"slices"
 	"sync"
 	"time"
 	"unique"
@@ -72,13 +70,6 @@ func (g *newGenerations) forget(key string) {
 	if _, ok := g.at[key]; ok {
 		g.drop(key)
 	}
-}
-
-// running says which keys have a clock running (tests).
-func (g *newGenerations) running() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return slices.Sorted(maps.Keys(g.at))
 }
 
 func (g *newGenerations) drop(key string) {

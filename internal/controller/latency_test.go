@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +11,13 @@ import (
 
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
+
+// running says which keys have a clock running.
+func (g *newGenerations) running() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Sorted(maps.Keys(g.at))
+}
 
 // latencies returns the sync latency histogram's count and sum.
 func latencies(t *testing.T, m *Metrics) (uint64, float64) {

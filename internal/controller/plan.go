@@ -63,9 +63,13 @@ type Plan struct {
 
 // Changes counts the actions that would change something (all but refusals and
 // drift, which is only reported).
-func (p Plan) Changes() int {
+func (p Plan) Changes() int { return changes(p.Actions) }
+
+// changes counts the actions of a plan or an adoption plan that change something: all
+// but refusals and drift, which is only reported.
+func changes(actions []PlannedAction) int {
 	n := 0
-	for _, a := range p.Actions {
+	for _, a := range actions {
 		if a.Action != PlanRefuse && a.Action != PlanDrifted {
 			n++
 		}
