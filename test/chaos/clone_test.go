@@ -46,8 +46,10 @@ func (w *world) clone(ctx context.Context, ph *phaseResult) (healed time.Time, t
 	// before production's writes again takes the free fence: the fence keeps two
 	// writers apart, and cannot tell production from its copy (docs/operating.md). A
 	// real snapshot is taken while production runs, so the clone starts beside a
-	// production controller that holds the fence, as here.
-	if _, err := w.ctrl.waitWriter(ctx, nil, time.Minute); err != nil {
+	// production controller that holds the fence, as here. The leader of before the
+	// copy may still hold it, and lose its Lease and give it back a moment later: wait
+	// for a writer that keeps it past the renew deadline.
+	if err := w.ctrl.waitSteadyWriter(ctx, renewDeadline+time.Second, 2*time.Minute); err != nil {
 		return time.Now(), 0, fmt.Errorf("production's controller does not write again after the copy: %w", err)
 	}
 	healed = time.Now() // production is whole again; the clone runs beside it
@@ -95,7 +97,8 @@ func (w *world) clone(ctx context.Context, ph *phaseResult) (healed time.Time, t
 	ph.CloneHeldFence = testenv.MetricSum(body, "student_controller_registry_fence_held", nil) != 0
 	ph.CloneWaited = testenv.MetricSum(body, "student_controller_registry_fence_waiting", nil) == 1
 	if !ph.CloneWaited {
-		return healed, 0, fmt.Errorf("the clone's controller does not say it waits for the fence (student_controller_registry_fence_waiting)")
+		return healed, 0, fmt.Errorf("the clone's controller does not say it waits for the fence (student_controller_registry_fence_waiting); "+
+			"it holds the fence: %v, wrote %d rows", ph.CloneHeldFence, ph.CloneRowWrites)
 	}
 	return healed, 0, nil
 }

@@ -122,6 +122,38 @@ func (cs *controllers) waitWriter(ctx context.Context, not *replica, timeout tim
 	return time.Time{}, fmt.Errorf("no replica held the registry's write fence within %v", timeout)
 }
 
+// waitSteadyWriter waits until one replica has held the registry's write fence for
+// steady without a break. A leader that held the fence before an outage may still say
+// so for a moment after it, and then lose its Lease and give the fence back.
+func (cs *controllers) waitSteadyWriter(ctx context.Context, steady, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var writer *replica
+	var since time.Time
+	for time.Now().Before(deadline) {
+		var now *replica
+		for _, r := range cs.replicas {
+			if r.Writing() {
+				now = r
+				break
+			}
+		}
+		switch {
+		case now == nil:
+			writer = nil
+		case now != writer:
+			writer, since = now, time.Now()
+		case time.Since(since) >= steady:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("no replica held the registry's write fence for %v without a break within %v", steady, timeout)
+}
+
 // rowWrites is, for each replica that answers, how many registry rows it has written
 // (any action) since it last started.
 func (cs *controllers) rowWrites() map[*replica]int {
