@@ -126,14 +126,30 @@ func TestPostgresFailover(t *testing.T) {
 		ctx := context.Background()
 		r, ns := setUp(t)
 
-		if err := r.standby.Promote(ctx); err != nil {
-			t.Fatal(err)
-		}
+		// As an operator fails over: the primary turned read-only first, the standby
+		// caught up with it, then promoted. Promoted first, the old primary would take
+		// writes until its connections reloaded the setting, and they would be lost.
 		primary := r.db(t, r.primary)
 		for _, stmt := range []string{`ALTER SYSTEM SET default_transaction_read_only = on`, `SELECT pg_reload_conf()`} {
 			if _, err := primary.ExecContext(ctx, stmt); err != nil {
 				t.Fatal(err)
 			}
+		}
+		waitFor(t, 30*time.Second, "the primary read-only", func() bool {
+			var on string
+			return primary.QueryRowContext(ctx, `SHOW default_transaction_read_only`).Scan(&on) == nil && on == "on"
+		})
+		var lsn string
+		if err := primary.QueryRowContext(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+			t.Fatal(err)
+		}
+		standby := r.db(t, r.standby)
+		waitFor(t, 30*time.Second, "the standby caught up with the primary", func() bool {
+			var caughtUp bool
+			return standby.QueryRowContext(ctx, `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn).Scan(&caughtUp) == nil && caughtUp
+		})
+		if err := r.standby.Promote(ctx); err != nil {
+			t.Fatal(err)
 		}
 		began := time.Now()
 		createMany(t, ns, 5, "after")
