@@ -112,16 +112,17 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 
 .PHONY: test
 # The suites that run longest, named first: go test compiles and starts packages in the
-# order given, so the others compile while these wait on their control planes.
-LONG_SUITES := ./test/e2e ./test/chaos ./test/local
+# order given, as many at once as there are cores (-p), so the others compile while these
+# wait on their control planes. e2e and chaos start together; the node suite, whose
+# kubelet and timed handovers want a core of their own, takes chaos's place when it
+# ends, beside e2e's second half, which leaves the CPU half idle.
+LONG_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local
 
 test: node helm ## Run every test: unit, integration against the real control plane, the node suite (root), codegen checks.
-	go test -race -timeout 30m $(GO_TEST_FLAGS) $(LONG_SUITES) $$(go list ./... | grep -v -e /test/node -e /test/e2e -e /test/chaos -e /test/local)
-	@# The node suite on its own: its kubelet, control plane and timed handovers would
-	@# share the 2 cores with every other package's control planes otherwise.
-	@# A suite that timed out or panicked never ran its own clean-up: put back what its
-	@# node left (clean-node reads the record the node keeps).
-	go test -race -timeout 30m $(GO_TEST_FLAGS) ./test/node || { rc=$$?; go run -trimpath ./cmd/student-node clean-node || true; exit $$rc; }
+	@# A suite that timed out or panicked never ran its own clean-up: put back what the
+	@# node suite's node left (clean-node reads the record the node keeps).
+	go test -race -timeout 30m $(GO_TEST_FLAGS) $(LONG_SUITES) $$(go list ./... | grep -v -e /test/node -e /test/e2e -e /test/chaos -e /test/local) \
+		|| { rc=$$?; go run -trimpath ./cmd/student-node clean-node || true; exit $$rc; }
 	cd hack/tools/image && go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: check
