@@ -17,6 +17,12 @@ export GOTOOLCHAIN
 # (bench/results/tuning.md has what it cost).
 GO_TAGS := grpcnotrace
 
+# Every build but the race detector's is static, as make build and the image ship the
+# controller (only net and os/user would use cgo): go vet, the docs test, the control
+# plane, the lint tools and the tests' controller binaries then share each compiled
+# package, where cgo on and off would compile client-go and the rest twice.
+export CGO_ENABLED := 0
+
 GO_TEST_FLAGS ?=
 
 .PHONY: all
@@ -75,7 +81,7 @@ build: ## Build the controller (bin/student-controller) and the local launcher (
 	@# One build of both, with make image's flags and tags (and the control plane's:
 	@# hack/build-controlplane.sh): they share every package compiled before (a cold build
 	@# of them is minutes; bench/results/ci-cold.md).
-	CGO_ENABLED=0 go build -trimpath -tags $(GO_TAGS) -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/student-controller ./cmd/student-dev
+	go build -trimpath -tags $(GO_TAGS) -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/student-controller ./cmd/student-dev
 
 IMAGE_DIR ?= bin/image
 IMAGE_PUSH ?=
@@ -85,7 +91,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 image: ## Build the controller's image as an OCI layout in bin/image/oci, no Docker engine needed; prints its digest. IMAGE_PUSH=REGISTRY/REPO:TAG pushes it too.
 	@mkdir -p $(IMAGE_DIR)
 	@# Reproducible: no paths, build ID or VCS stamp in the binary; hack/tools/image fixes every timestamp.
-	@CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
+	@GOOS=linux GOARCH=amd64 go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
 		-o $(abspath $(IMAGE_DIR))/student-controller ./cmd/student-controller
 	@cd hack/tools/image && go run . -binary $(abspath $(IMAGE_DIR))/student-controller -out $(abspath $(IMAGE_DIR))/oci \
 		-version $(VERSION) -revision "$(REVISION)" $(if $(IMAGE_PUSH),-push $(IMAGE_PUSH))
@@ -103,7 +109,7 @@ run: build ## Run everything locally: control plane, CRD, samples, controller on
 .PHONY: cluster
 cluster: node image helm build ## Run a one-node cluster (the control plane, kubelet over containerd, kube-proxy) with the chart installed from make image's image, as root; Ctrl-C stops it and removes what the node made.
 	@# The node's launcher is apart from make run's, which never compiles the node's code.
-	CGO_ENABLED=0 go build -trimpath -tags $(GO_TAGS) -o bin/ ./cmd/student-node
+	go build -trimpath -tags $(GO_TAGS) -o bin/ ./cmd/student-node
 	bin/student-node cluster --state-dir $(STATE_DIR)/cluster
 
 .PHONY: helm
@@ -119,9 +125,10 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 LONG_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local
 
 test: node helm ## Run every test: unit, integration against the real control plane, the node suite (root), codegen checks.
-	@# A suite that timed out or panicked never ran its own clean-up: put back what the
-	@# node suite's node left (clean-node reads the record the node keeps).
-	go test -race -timeout 30m $(GO_TEST_FLAGS) $(LONG_SUITES) $$(go list ./... | grep -v -e /test/node -e /test/e2e -e /test/chaos -e /test/local) \
+	@# The race detector needs cgo on Linux. A suite that timed out or panicked never ran
+	@# its own clean-up: put back what the node suite's node left (clean-node reads the
+	@# record the node keeps).
+	CGO_ENABLED=1 go test -race -timeout 30m $(GO_TEST_FLAGS) $(LONG_SUITES) $$(go list ./... | grep -v -e /test/node -e /test/e2e -e /test/chaos -e /test/local) \
 		|| { rc=$$?; go run -trimpath ./cmd/student-node clean-node || true; exit $$rc; }
 	cd hack/tools/image && go test $(GO_TEST_FLAGS) ./...
 

@@ -5,7 +5,8 @@
 # (one shared tools module cannot hold them: their dependencies' versions differ); Helm
 # is pinned by its tools module, hack/tools/helm.
 # A tool is rebuilt only when its version or the Go toolchain changes. Nothing comes from
-# anywhere but the Go module proxy.
+# anywhere but the Go module proxy. Static and -trimpath, as the project's own builds:
+# the standard library and any module version they share is compiled once.
 set -o errexit -o nounset -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,7 +38,7 @@ for entry in "${TOOLS[@]}"; do
 	fi
 	echo "tools: installing ${pkg}${tags:+ (tags ${tags})} (${goversion}) ..."
 	start=${SECONDS}
-	GOBIN="${BIN}" go install ${tags:+-tags "${tags}"} "${pkg}"
+	GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath ${tags:+-tags "${tags}"} "${pkg}"
 	echo "${pkg}${tags:+ tags=${tags}} ${goversion}" >"${BIN}/.${name}.version"
 	echo "tools: ${name} built in $((SECONDS - start))s"
 done
@@ -48,7 +49,7 @@ if wanted helm; then
 	if ! up_to_date helm "${version}"; then
 		echo "tools: installing helm from hack/tools/helm (${goversion}) ..."
 		start=${SECONDS}
-		(cd "${module}" && GOBIN="${BIN}" go install tool)
+		(cd "${module}" && GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath tool)
 		echo "${version} ${goversion}" >"${BIN}/.helm.version"
 		echo "tools: helm built in $((SECONDS - start))s"
 	fi

@@ -29,8 +29,6 @@ type Build struct {
 	Package string
 	// Race builds with the race detector (the chaos suite's controllers).
 	Race bool
-	// Static builds with CGO_ENABLED=0, as the image ships the controller (the bench).
-	Static bool
 	// Tags are build tags beside ShippedTags, comma-separated (the bench's contender
 	// without the history).
 	Tags string
@@ -67,12 +65,14 @@ func (b Build) Run(ctx context.Context) (path string, err error) {
 		}()
 	}
 	args := []string{"build", "-o", out}
+	cgo := "CGO_ENABLED=0"
 	if b.Race {
-		// As go test -race compiles the test binaries: they share every package.
-		args = append(args, "-race")
+		// As go test -race compiles the test binaries: they share every package. The
+		// race detector needs cgo on Linux.
+		args, cgo = append(args, "-race"), "CGO_ENABLED=1"
 	} else {
-		// As go vet (make verify), make build and make image compile: they share
-		// every package.
+		// Static, as go vet (make verify), make build, make image and the control plane
+		// compile: they share every package.
 		args = append(args, "-trimpath")
 	}
 	tags := ShippedTags
@@ -82,9 +82,7 @@ func (b Build) Run(ctx context.Context) (path string, err error) {
 	args = append(args, "-tags", tags)
 	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...) // #nosec G204 -- go build of this repository's packages
 	cmd.Dir = root
-	if b.Static {
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	}
+	cmd.Env = append(os.Environ(), cgo)
 	if o, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go %v: %v\n%s", cmd.Args[1:], err, o)
 	}

@@ -301,8 +301,9 @@ func (n *Node) socket() string { return n.path("containerd.sock") }
 func (n *Node) startRegistry(ctx context.Context) (string, error) {
 	root := n.root
 	n.imageTool = filepath.Join(root, "bin", "tools", "image")
-	build := exec.CommandContext(ctx, "go", "build", "-o", n.imageTool, ".") // #nosec G204 -- fixed arguments
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", n.imageTool, ".") // #nosec G204 -- fixed arguments
 	build.Dir = filepath.Join(root, "hack", "tools", "image")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // static, as make test's other builds: they share the standard library
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build hack/tools/image: %v\n%s", err, out)
 	}
