@@ -117,25 +117,33 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 	hack/install-tools.sh helm
 
 .PHONY: test
-# The suites that run longest, named first: go test compiles and starts packages in the
-# order given, as many at once as there are cores (-p), so the others compile while these
-# wait on their control planes. e2e and chaos start together; the node suite, whose
-# kubelet and timed handovers want a core of their own, takes chaos's place when it
-# ends, beside e2e's second half, which leaves the CPU half idle.
-LONG_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local
+# Two runs at once. The race detector's: the product's packages and their unit tests,
+# and the chaos suite, whose controllers are built with -race and run under faults.
+# The other suites drive programs and check what those did; they run without it, built
+# as go vet built them (static, -trimpath, the shipped tags), so they start at once
+# while the race detector's build compiles everything once more (go list -export:
+# compiled whole before chaos starts, not beside it). Long suites are named first: go
+# test starts packages in the order given, one per core at a time.
+RACE_SUITES := ./test/chaos ./cmd/student-controller/... ./internal/controller/... ./internal/informer/... \
+	./internal/metricsauth/... ./internal/registry/... ./pkg/...
+LONG_SUITES := ./test/e2e ./test/node ./test/local
 
 test: node helm ## Run every test: unit, integration against the real control plane, the node suite (root), codegen checks.
 	@# The race detector needs cgo on Linux. A suite that timed out or panicked never ran
 	@# its own clean-up: put back what the node suite's node left (clean-node reads the
 	@# record the node keeps).
-	CGO_ENABLED=1 go test -race -timeout 30m $(GO_TEST_FLAGS) $(LONG_SUITES) $$(go list ./... | grep -v -e /test/node -e /test/e2e -e /test/chaos -e /test/local) \
-		|| { rc=$$?; go run -trimpath ./cmd/student-node clean-node || true; exit $$rc; }
-	cd hack/tools/image && go test $(GO_TEST_FLAGS) ./...
+	rest="$$(go list ./... | grep -v -x -F -f <(go list $(RACE_SUITES) $(LONG_SUITES)))"; \
+	go test -trimpath -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $(LONG_SUITES) $$rest & suites=$$!; \
+	raced=0; \
+	{ CGO_ENABLED=1 go list -race -tags $(GO_TAGS) -export -deps -test $(RACE_SUITES) >/dev/null && \
+		CGO_ENABLED=1 go test -race -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $(RACE_SUITES); } || raced=$$?; \
+	wait $$suites && (( raced == 0 )) || { go run -trimpath ./cmd/student-node clean-node || true; exit 1; }
+	cd hack/tools/image && go test -trimpath $(GO_TEST_FLAGS) ./...
 
 .PHONY: check
 check: ## The inner loop, in minutes: go vet and the unit tests of cmd/, internal/ and pkg/ (-short). No root, no node, no control plane; test/ is make test's.
-	go vet -tags $(GO_TAGS) ./...
-	go test -short -tags $(GO_TAGS) ./cmd/... ./internal/... ./pkg/...
+	go vet -trimpath -tags $(GO_TAGS) ./...
+	go test -short -trimpath -tags $(GO_TAGS) ./cmd/... ./internal/... ./pkg/...
 
 CHAOS_N ?= 2000
 

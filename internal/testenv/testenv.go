@@ -8,7 +8,6 @@ package testenv
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -257,17 +256,51 @@ func EnsureNamespace(ctx context.Context, kube kubernetes.Interface, name string
 	return err
 }
 
-// RepoRoot returns the repository's root folder, found from this source file.
+// RepoRoot returns the repository's root folder: found from this source file, or, in a
+// build with -trimpath (whose source paths are import paths: make test's suites without
+// the race detector), from the working folder up, which go test makes the package's.
 func RepoRoot() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("cannot locate the testenv source file")
+	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+			return "", fmt.Errorf("repository root not found from %s: %w", file, err)
+		}
+		return filepath.Clean(root), nil
 	}
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		return "", fmt.Errorf("repository root not found from %s: %w", file, err)
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
 	}
-	return filepath.Clean(root), nil
+	return rootAbove(wd)
+}
+
+// rootAbove returns the nearest folder from dir up whose go.mod is the repository's.
+func rootAbove(dir string) (string, error) {
+	for d := dir; ; d = filepath.Dir(d) {
+		if isRepoRoot(d) {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("repository root not found from %s: no go.mod of module %s above it", dir, modulePath)
+		}
+	}
+}
+
+// modulePath is the repository's module, whose go.mod marks its root (hack/tools has
+// modules of its own).
+const modulePath = "github.com/student-controller/student-controller"
+
+func isRepoRoot(dir string) bool {
+	data, err := os.ReadFile(filepath.Join(dir, "go.mod")) // #nosec G304 -- go.mod of a parent folder
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(data)) {
+		if fields := strings.Fields(line); len(fields) == 2 && fields[0] == "module" {
+			return fields[1] == modulePath
+		}
+	}
+	return false
 }
 
 // TB is what the helpers use of a test: the methods of testing.TB they call. An
