@@ -9,6 +9,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
@@ -38,6 +40,7 @@ func (w *world) clone(ctx context.Context, ph *phaseResult) (healed time.Time, t
 	if err := c.WaitReady(ctx); err != nil {
 		return time.Time{}, 0, err
 	}
+	restarted := time.Now()
 	if copyErr != nil {
 		return time.Now(), 0, fmt.Errorf("copy etcd's data: %v: %s", copyErr, out)
 	}
@@ -47,8 +50,12 @@ func (w *world) clone(ctx context.Context, ph *phaseResult) (healed time.Time, t
 	// writers apart, and cannot tell production from its copy (docs/operating.md). A
 	// real snapshot is taken while production runs, so the clone starts beside a
 	// production controller that holds the fence, as here. The leader of before the
-	// copy may still hold it, and lose its Lease and give it back a moment later: wait
-	// for a writer that keeps it past the renew deadline.
+	// copy may still say it holds the fence, then find its Lease lost and give the fence
+	// back after draining: wait for a Lease renewed since etcd came back, then for a
+	// writer that keeps the fence past the renew deadline.
+	if err := w.waitLeaseRenewed(ctx, restarted, time.Minute); err != nil {
+		return time.Now(), 0, err
+	}
 	if err := w.ctrl.waitSteadyWriter(ctx, renewDeadline+time.Second, 2*time.Minute); err != nil {
 		return time.Now(), 0, fmt.Errorf("production's controller does not write again after the copy: %w", err)
 	}
@@ -101,4 +108,24 @@ func (w *world) clone(ctx context.Context, ph *phaseResult) (healed time.Time, t
 			"it holds the fence: %v, wrote %d rows", ph.CloneHeldFence, ph.CloneRowWrites)
 	}
 	return healed, 0, nil
+}
+
+// leaseName is the controllers' Lease: --leader-elect-id, as they run it (the default).
+const leaseName = "student-controller"
+
+// waitLeaseRenewed waits until the leader's Lease was renewed after since: its holder
+// leads with a Lease of the running etcd, not one it may yet lose.
+func (w *world) waitLeaseRenewed(ctx context.Context, since time.Time, timeout time.Duration) error {
+	leases := kubernetes.NewForConfigOrDie(w.cluster.admin).CoordinationV1().Leases(controlplane.ControllerNamespace)
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		lease, err := leases.Get(ctx, leaseName, metav1.GetOptions{})
+		if err != nil {
+			return false, nil // the API server may still be reconnecting to etcd
+		}
+		return lease.Spec.RenewTime != nil && lease.Spec.RenewTime.After(since), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the Lease %s/%s was not renewed since etcd came back: %w", controlplane.ControllerNamespace, leaseName, err)
+	}
+	return nil
 }

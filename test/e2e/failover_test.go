@@ -139,6 +139,11 @@ func TestPostgresFailover(t *testing.T) {
 			var on string
 			return primary.QueryRowContext(ctx, `SHOW default_transaction_read_only`).Scan(&on) == nil && on == "on"
 		})
+		// The setting holds for new transactions: let any that began before it end.
+		waitFor(t, 30*time.Second, "no write transaction open on the primary", func() bool {
+			var open int
+			return primary.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&open) == nil && open == 0
+		})
 		var lsn string
 		if err := primary.QueryRowContext(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
 			t.Fatal(err)
