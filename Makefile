@@ -54,7 +54,7 @@ verify: ## Fail when generated code or docs are stale, code is unformatted or go
 	go mod tidy -diff
 	cd hack/tools/controlplane && go mod tidy -diff
 	cd hack/tools/helm && go mod tidy -diff
-	cd hack/tools/image && go mod tidy -diff && go vet .
+	cd hack/tools/image && go mod tidy -diff && go vet -trimpath .
 
 .PHONY: lint
 lint: ## Run the outside checkers (hack/lint.sh): staticcheck, gosec, govulncheck, helm lint, promtool, kube-score.
@@ -91,9 +91,9 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 image: ## Build the controller's image as an OCI layout in bin/image/oci, no Docker engine needed; prints its digest. IMAGE_PUSH=REGISTRY/REPO:TAG pushes it too.
 	@mkdir -p $(IMAGE_DIR)
 	@# Reproducible: no paths, build ID or VCS stamp in the binary; hack/tools/image fixes every timestamp.
-	@GOOS=linux GOARCH=amd64 go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
+	@CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
 		-o $(abspath $(IMAGE_DIR))/student-controller ./cmd/student-controller
-	@cd hack/tools/image && go run . -binary $(abspath $(IMAGE_DIR))/student-controller -out $(abspath $(IMAGE_DIR))/oci \
+	@cd hack/tools/image && go run -trimpath . -binary $(abspath $(IMAGE_DIR))/student-controller -out $(abspath $(IMAGE_DIR))/oci \
 		-version $(VERSION) -revision "$(REVISION)" $(if $(IMAGE_PUSH),-push $(IMAGE_PUSH))
 
 STATE_DIR ?= .local
@@ -117,27 +117,32 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 	hack/install-tools.sh helm
 
 .PHONY: test
-# Two runs at once. The race detector's: the product's packages and their unit tests,
-# and the chaos suite, whose controllers are built with -race and run under faults.
-# The other suites drive programs and check what those did; they run without it, built
-# as go vet built them (static, -trimpath, the shipped tags), so they start at once
-# while the race detector's build compiles everything once more (go list -export:
-# compiled whole before chaos starts, not beside it). Long suites are named first: go
-# test starts packages in the order given, one per core at a time.
-RACE_SUITES := ./test/chaos ./cmd/student-controller/... ./internal/controller/... ./internal/informer/... \
-	./internal/metricsauth/... ./internal/registry/... ./pkg/...
-LONG_SUITES := ./test/e2e ./test/node ./test/local
+# Two go tests at once, each running as many packages at once as there are cores, long
+# suites named first (go test starts packages in the order given). Without the race
+# detector: the suites that drive programs and check what those did, and the helpers
+# and launchers they use, built as go vet built them (static, -trimpath, the shipped
+# tags), so they link and start at once. With it: every other package (the
+# controller's, with their unit tests) and the chaos suite, whose controllers are built
+# with -race and run under faults; compiled whole first (go list -export), so that
+# chaos's own race build of the controller finds every package compiled.
+NORACE_SUITES := ./test/e2e ./test/node ./test/local ./test/integration ./test/codegen ./test/bench/... \
+	./internal/testenv/... ./cmd/student-dev/... ./cmd/student-node/...
 
 test: node helm ## Run every test: unit, integration against the real control plane, the node suite (root), codegen checks.
 	@# The race detector needs cgo on Linux. A suite that timed out or panicked never ran
 	@# its own clean-up: put back what the node suite's node left (clean-node reads the
 	@# record the node keeps).
-	rest="$$(go list ./... | grep -v -x -F -f <(go list $(RACE_SUITES) $(LONG_SUITES)))"; \
-	go test -trimpath -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $(LONG_SUITES) $$rest & suites=$$!; \
+	norace="$$(go list $(NORACE_SUITES))"; \
+	race="$$(go list ./test/chaos; go list ./... | grep -v -x -F -e "$$norace" -e "$$(go list ./test/chaos)")"; \
+	go test -trimpath -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $$norace & suites=$$!; \
 	raced=0; \
-	{ CGO_ENABLED=1 go list -race -tags $(GO_TAGS) -export -deps -test $(RACE_SUITES) >/dev/null && \
-		CGO_ENABLED=1 go test -race -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $(RACE_SUITES); } || raced=$$?; \
-	wait $$suites && (( raced == 0 )) || { go run -trimpath ./cmd/student-node clean-node || true; exit 1; }
+	{ CGO_ENABLED=1 go list -race -tags $(GO_TAGS) -export -deps -test $$race >/dev/null && \
+		CGO_ENABLED=1 go test -race -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $$race; } || raced=$$?; \
+	rest=0; wait $$suites || rest=$$?; \
+	if (( raced || rest )); then \
+		echo "make test: failed (with the race detector: exit $$raced; without it: exit $$rest)"; \
+		go run -trimpath ./cmd/student-node clean-node || true; exit 1; \
+	fi
 	cd hack/tools/image && go test -trimpath $(GO_TEST_FLAGS) ./...
 
 .PHONY: check

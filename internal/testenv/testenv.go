@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/mod/modfile"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -295,12 +296,7 @@ func isRepoRoot(dir string) bool {
 	if err != nil {
 		return false
 	}
-	for line := range strings.Lines(string(data)) {
-		if fields := strings.Fields(line); len(fields) == 2 && fields[0] == "module" {
-			return fields[1] == modulePath
-		}
-	}
-	return false
+	return modfile.ModulePath(data) == modulePath
 }
 
 // TB is what the helpers use of a test: the methods of testing.TB they call. An

@@ -86,7 +86,7 @@ func TestRootAbove(t *testing.T) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("// a comment\nmodule "+module+"\n\ngo 1.26.0\n"), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("// a comment\nmodule \""+module+"\" // quoted\n\ngo 1.26.0\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}

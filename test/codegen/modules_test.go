@@ -10,18 +10,26 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv"
 )
 
-// TestToolModulesFollowTheProduct: the control plane's and Helm's modules
-// (hack/tools) require every module they share with the product at the product's
+// TestToolModulesFollowTheProduct: the modules of hack/tools (the control plane, Helm,
+// the image builder) require every module they share with the product at the product's
 // version, so that a build compiles client-go, apimachinery, grpc and the rest once for
-// all of them (a cold CI run builds all three).
+// all of them (a cold CI run builds them all).
 func TestToolModulesFollowTheProduct(t *testing.T) {
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	product := versions(t, filepath.Join(root, "go.mod"))
-	for _, tool := range []string{"hack/tools/controlplane", "hack/tools/helm"} {
-		for path, version := range versions(t, filepath.Join(root, tool, "go.mod")) {
+	for tool, shared := range map[string]string{
+		"hack/tools/controlplane": "k8s.io/client-go",
+		"hack/tools/helm":         "k8s.io/client-go",
+		"hack/tools/image":        "golang.org/x/sys",
+	} {
+		requires := versions(t, filepath.Join(root, tool, "go.mod"))
+		if _, ok := requires[shared]; !ok {
+			t.Errorf("%s no longer requires %s: this test checks nothing of it", tool, shared)
+		}
+		for path, version := range requires {
 			if want, ok := product[path]; ok && version != want {
 				t.Errorf("%s requires %s %s, the product %s: run `go get %s@%s` there (or move the product)",
 					tool, path, version, want, path, want)
