@@ -132,8 +132,8 @@ test: node helm ## Run every test: unit, integration against the real control pl
 	@# The race detector needs cgo on Linux. A suite that timed out or panicked never ran
 	@# its own clean-up: put back what the node suite's node left (clean-node reads the
 	@# record the node keeps).
-	norace="$$(go list $(NORACE_SUITES))"; \
-	race="$$(go list ./test/chaos; go list ./... | grep -v -x -F -e "$$norace" -e "$$(go list ./test/chaos)")"; \
+	norace="$$(go list $(NORACE_SUITES))"; chaos="$$(go list ./test/chaos)"; \
+	race="$$chaos $$(go list ./... | grep -v -x -F -e "$$norace" -e "$$chaos")"; \
 	go test -trimpath -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $$norace & suites=$$!; \
 	raced=0; \
 	{ CGO_ENABLED=1 go list -race -tags $(GO_TAGS) -export -deps -test $$race >/dev/null && \
