@@ -31,16 +31,27 @@ goversion="$(go env GOVERSION)"
 # up_to_date NAME VERSION: the tool is installed from VERSION with this toolchain.
 up_to_date() { [[ -x "${BIN}/$1" && -f "${BIN}/.$1.version" && "$(cat "${BIN}/.$1.version")" == "$2 ${goversion}" ]]; }
 
+# install NAME VERSION-LINE COMMAND...: runs the build and records what it built.
+install() {
+	local name="$1" version="$2" start=${SECONDS}
+	shift 2
+	"$@" || { echo "tools: ${name} failed to build" >&2; return 1; }
+	echo "${version}" >"${BIN}/.${name}.version"
+	echo "tools: ${name} built in $((SECONDS - start))s"
+}
+
+# The builds run at once: each spends part of its time downloading and linking on one
+# core, which the others' compiles fill.
+pids=()
 for entry in "${TOOLS[@]}"; do
 	read -r name pkg tags <<<"${entry}"
 	if ! wanted "${name}" || up_to_date "${name}" "${pkg}${tags:+ tags=${tags}}"; then
 		continue
 	fi
 	echo "tools: installing ${pkg}${tags:+ (tags ${tags})} (${goversion}) ..."
-	start=${SECONDS}
-	GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath ${tags:+-tags "${tags}"} "${pkg}"
-	echo "${pkg}${tags:+ tags=${tags}} ${goversion}" >"${BIN}/.${name}.version"
-	echo "tools: ${name} built in $((SECONDS - start))s"
+	install "${name}" "${pkg}${tags:+ tags=${tags}} ${goversion}" \
+		env GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath ${tags:+-tags "${tags}"} "${pkg}" &
+	pids+=($!)
 done
 
 if wanted helm; then
@@ -48,9 +59,13 @@ if wanted helm; then
 	version="$(cat "${module}/go.mod" "${module}/go.sum" | sha256sum | cut -d' ' -f1)"
 	if ! up_to_date helm "${version}"; then
 		echo "tools: installing helm from hack/tools/helm (${goversion}) ..."
-		start=${SECONDS}
-		(cd "${module}" && GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath tool)
-		echo "${version} ${goversion}" >"${BIN}/.helm.version"
-		echo "tools: helm built in $((SECONDS - start))s"
+		(cd "${module}" && install helm "${version} ${goversion}" env GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath tool) &
+		pids+=($!)
 	fi
 fi
+
+failed=0
+for pid in "${pids[@]}"; do
+	wait "${pid}" || failed=1
+done
+exit "${failed}"
