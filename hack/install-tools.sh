@@ -31,8 +31,8 @@ goversion="$(go env GOVERSION)"
 # up_to_date NAME VERSION: the tool is installed from VERSION with this toolchain.
 up_to_date() { [[ -x "${BIN}/$1" && -f "${BIN}/.$1.version" && "$(cat "${BIN}/.$1.version")" == "$2 ${goversion}" ]]; }
 
-# install NAME VERSION-LINE COMMAND...: runs the build and records what it built.
-install() {
+# build_tool NAME VERSION-LINE COMMAND...: runs the build and records what it built.
+build_tool() {
 	local name="$1" version="$2" start=${SECONDS}
 	shift 2
 	"$@" || { echo "tools: ${name} failed to build" >&2; return 1; }
@@ -49,7 +49,7 @@ for entry in "${TOOLS[@]}"; do
 		continue
 	fi
 	echo "tools: installing ${pkg}${tags:+ (tags ${tags})} (${goversion}) ..."
-	install "${name}" "${pkg}${tags:+ tags=${tags}} ${goversion}" \
+	build_tool "${name}" "${pkg}${tags:+ tags=${tags}} ${goversion}" \
 		env GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath ${tags:+-tags "${tags}"} "${pkg}" &
 	pids+=($!)
 done
@@ -59,7 +59,7 @@ if wanted helm; then
 	version="$(cat "${module}/go.mod" "${module}/go.sum" | sha256sum | cut -d' ' -f1)"
 	if ! up_to_date helm "${version}"; then
 		echo "tools: installing helm from hack/tools/helm (${goversion}) ..."
-		(cd "${module}" && install helm "${version} ${goversion}" env GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath tool) &
+		(cd "${module}" && build_tool helm "${version} ${goversion}" env GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath tool) &
 		pids+=($!)
 	fi
 fi
