@@ -268,7 +268,7 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	for _, r := range w.ctrl.replicas {
 		res.ControllerExits += int(r.exits.Load())
 	}
-	res.GenerationReads = watcher.reads
+	res.GenerationReads = watcher.count()
 	return res
 }
 

@@ -256,7 +256,6 @@ type generationWatcher struct {
 }
 
 func (w *generationWatcher) run(ctx context.Context, every time.Duration) {
-	w.max = map[string]int64{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -270,6 +269,9 @@ func (w *generationWatcher) run(ctx context.Context, every time.Duration) {
 		w.mu.Lock()
 		w.reads++
 		for uid, r := range rows {
+			if w.max == nil {
+				w.max = map[string]int64{}
+			}
 			if prev, ok := w.max[uid]; ok && r.generation < prev {
 				w.found = append(w.found, fmt.Sprintf("row %s (%s/%s) went from generation %d to %d", uid, r.namespace, r.name, prev, r.generation))
 			}
@@ -277,6 +279,13 @@ func (w *generationWatcher) run(ctx context.Context, every time.Duration) {
 		}
 		w.mu.Unlock()
 	}
+}
+
+// count says how many times the watcher has read the registry.
+func (w *generationWatcher) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reads
 }
 
 func (w *generationWatcher) problems() []string {
