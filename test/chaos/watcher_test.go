@@ -31,7 +31,9 @@ func TestGenerationWatcher(t *testing.T) {
 		}
 	}
 	w := &generationWatcher{db: db}
-	go w.run(ctx, time.Millisecond)
+	done := make(chan struct{})
+	go func() { defer close(done); w.run(ctx, time.Millisecond) }()
+	defer func() { cancel(); <-done }() // the watcher ends before the database closes
 	waitReads := func(n int) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); w.count() < n; {
