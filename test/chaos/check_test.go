@@ -268,10 +268,10 @@ func (w *generationWatcher) run(ctx context.Context, every time.Duration) {
 		}
 		w.mu.Lock()
 		w.reads++
+		if w.max == nil {
+			w.max = map[string]int64{}
+		}
 		for uid, r := range rows {
-			if w.max == nil {
-				w.max = map[string]int64{}
-			}
 			if prev, ok := w.max[uid]; ok && r.generation < prev {
 				w.found = append(w.found, fmt.Sprintf("row %s (%s/%s) went from generation %d to %d", uid, r.namespace, r.name, prev, r.generation))
 			}

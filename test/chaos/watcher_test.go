@@ -2,23 +2,18 @@ package chaos
 
 import (
 	"context"
-	"database/sql"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	_ "modernc.org/sqlite"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
 // TestGenerationWatcher runs the watcher on a table of its own and reads it while it
 // runs, as the chaos run does (under -race, that read once raced with the watcher).
 func TestGenerationWatcher(t *testing.T) {
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "rows.db")+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := registrytest.OpenSQLite(t, filepath.Join(t.TempDir(), "rows.db"))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for _, stmt := range []string{
