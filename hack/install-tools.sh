@@ -2,8 +2,9 @@
 # Installs the outside tools that `make lint` and the tests run into bin/tools: all of
 # them, or those named (hack/install-tools.sh helm). The checkers are pinned here and
 # built with `go install MODULE@VERSION`, each with the dependencies its own go.mod names
-# (one shared tools module cannot hold them: their dependencies' versions differ); Helm
-# is pinned by its tools module, hack/tools/helm.
+# (one shared tools module cannot hold them: their dependencies' versions differ). Helm
+# and gosec are pinned by tools modules of their own, hack/tools/helm and hack/tools/gosec
+# (a small command over gosec's library: gosec's own links three AI SDKs).
 # A tool is rebuilt only when its version or the Go toolchain changes. Nothing comes from
 # anywhere but the Go module proxy. Static and -trimpath, as the project's own builds:
 # the standard library and any module version they share is compiled once.
@@ -18,7 +19,6 @@ mkdir -p "${BIN}"
 # SDKs, most of its build); checking and testing rules needs none.
 TOOLS=(
 	"staticcheck honnef.co/go/tools/cmd/staticcheck@v0.8.2"
-	"gosec github.com/securego/gosec/v2/cmd/gosec@v2.30.0"
 	"govulncheck golang.org/x/vuln/cmd/govulncheck@v1.9.0"
 	"kube-score github.com/zegl/kube-score/cmd/kube-score@v1.20.0"
 	"promtool github.com/prometheus/prometheus/cmd/promtool@v0.316.0 remove_all_sd"
@@ -54,15 +54,19 @@ for entry in "${TOOLS[@]}"; do
 	pids+=($!)
 done
 
-if wanted helm; then
-	module="${ROOT}/hack/tools/helm"
-	version="$(cat "${module}/go.mod" "${module}/go.sum" | sha256sum | cut -d' ' -f1)"
-	if ! up_to_date helm "${version}"; then
-		echo "tools: installing helm from hack/tools/helm (${goversion}) ..."
-		(cd "${module}" && build_tool helm "${version} ${goversion}" env GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath tool) &
+# module_tool NAME DIR PACKAGE: builds PACKAGE of the tools module DIR as bin/tools/NAME,
+# again whenever the module's files change.
+module_tool() {
+	local name="$1" module="${ROOT}/$2" pkg="$3" version
+	version="$(find "${module}" -maxdepth 1 -name 'go.*' -o -maxdepth 1 -name '*.go' | LC_ALL=C sort | xargs cat | sha256sum | cut -d' ' -f1)"
+	if wanted "${name}" && ! up_to_date "${name}" "${version}"; then
+		echo "tools: installing ${name} from $2 (${goversion}) ..."
+		(cd "${module}" && build_tool "${name}" "${version} ${goversion}" env GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath "${pkg}") &
 		pids+=($!)
 	fi
-fi
+}
+module_tool helm hack/tools/helm tool
+module_tool gosec hack/tools/gosec .
 
 failed=0
 for pid in "${pids[@]}"; do

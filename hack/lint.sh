@@ -36,9 +36,11 @@ echo "lint: gosec, the tests and tools"
 "${TOOLS}/gosec" -quiet -exclude=G204,G304,G301,G306 \
 	./cmd/student-dev/... ./cmd/student-node/... ./internal/testenv/... ./test/...
 
-# The image builder, a module of its own.
-echo "lint: staticcheck and gosec, hack/tools/image"
-(cd hack/tools/image && "${TOOLS}/staticcheck" . && "${TOOLS}/gosec" -quiet .)
+# The image builder and the gosec command, modules of their own.
+for module in image gosec; do
+	echo "lint: staticcheck and gosec, hack/tools/${module}"
+	(cd "hack/tools/${module}" && "${TOOLS}/staticcheck" . && "${TOOLS}/gosec" -quiet .)
+done
 
 echo "lint: govulncheck (${VULNDB}, $(go env GOVERSION))"
 "${TOOLS}/govulncheck" -db "file://$(module_dir "${VULNDB}")/data/osv" ./...
