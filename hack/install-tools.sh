@@ -58,7 +58,7 @@ done
 # again whenever the module's files change.
 module_tool() {
 	local name="$1" module="${ROOT}/$2" pkg="$3" version
-	version="$(find "${module}" -maxdepth 1 -name 'go.*' -o -maxdepth 1 -name '*.go' | LC_ALL=C sort | xargs cat | sha256sum | cut -d' ' -f1)"
+	version="$(find "${module}" -maxdepth 1 \( -name 'go.*' -o -name '*.go' \) -print0 | LC_ALL=C sort -z | xargs -0 cat | sha256sum | cut -d' ' -f1)"
 	if wanted "${name}" && ! up_to_date "${name}" "${version}"; then
 		echo "tools: installing ${name} from $2 (${goversion}) ..."
 		(cd "${module}" && build_tool "${name}" "${version} ${goversion}" env GOBIN="${BIN}" CGO_ENABLED=0 go install -trimpath "${pkg}") &

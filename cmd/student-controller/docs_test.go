@@ -17,7 +17,7 @@ import (
 
 // The reference pages in docs/ are rendered from the code: the flags from their help
 // text, the metrics from their Help strings. `make generate` writes them
-// (UPDATE_DOCS=1); `make verify` and `make test` fail when a page and the code disagree.
+// (UPDATE_DOCS=1); `make test` and `make check` fail when a page and the code disagree.
 
 const generatedNote = "<!-- Generated from the code by `make generate` (cmd/student-controller/docs_test.go); do not edit. -->\n"
 
