@@ -52,6 +52,7 @@ verify: ## Fail when generated code is stale, code is unformatted or go vet comp
 	go mod tidy -diff
 	cd hack/tools/controlplane && go mod tidy -diff
 	cd hack/tools/helm && go mod tidy -diff
+	cd hack/tools/promtool && go mod tidy -diff
 	cd hack/tools/image && go mod tidy -diff && go vet -trimpath .
 	cd hack/tools/gosec && go mod tidy -diff && go vet -trimpath .
 

@@ -11,7 +11,7 @@ import (
 )
 
 // TestToolModulesFollowTheProduct: the modules of hack/tools (the control plane, Helm,
-// gosec, the image builder) require every module they share with the product at the product's
+// promtool, gosec, the image builder) require every module they share with the product at the product's
 // version, so that a build compiles client-go, apimachinery, grpc and the rest once for
 // all of them (a cold CI run builds them all).
 func TestToolModulesFollowTheProduct(t *testing.T) {
@@ -23,6 +23,7 @@ func TestToolModulesFollowTheProduct(t *testing.T) {
 	for tool, shared := range map[string]string{
 		"hack/tools/controlplane": "k8s.io/client-go",
 		"hack/tools/helm":         "k8s.io/client-go",
+		"hack/tools/promtool":     "k8s.io/client-go",
 		"hack/tools/gosec":        "golang.org/x/sys",
 		"hack/tools/image":        "golang.org/x/sys",
 	} {
