@@ -27,9 +27,10 @@ const (
 	invOthers     = "no other owner's row touched"
 	invMonotonic  = "no row went back in generation"
 	invHistory    = "every row write on record: each row's last history entry holds its values, a let-go row's says so, one creation per Student"
-	invLogs       = "no panic or data race in the controller's log"
 )
 
+// invariants lists them in order. The last, invLogs, is in race_test.go and
+// norace_test.go: a data race shows only in a race-built controller's log.
 var invariants = []string{invReady, invRow, invUpdates, invNotLost, invDeleted, invDeletedRow, invNoOrphans, invOthers, invMonotonic, invHistory, invLogs}
 
 // entry is the last history entry of a row, as the checker reads it.

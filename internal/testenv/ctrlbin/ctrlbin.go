@@ -27,7 +27,7 @@ const ShippedTags = "grpcnotrace"
 type Build struct {
 	// Package is the package to build; ./cmd/student-controller when empty.
 	Package string
-	// Race builds with the race detector (the chaos suite's controllers).
+	// Race builds with the race detector (the chaos suite's controllers under make chaos).
 	Race bool
 	// Tags are build tags beside ShippedTags, comma-separated (the bench's contender
 	// without the history).
