@@ -85,7 +85,7 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin, err := ctrlbin.Build{Race: raceDetector, Root: root, Out: filepath.Join(t.TempDir(), "student-controller")}.Run(context.Background())
+	bin, err := ctrlbin.Build{Race: raceControllers, Root: root, Out: filepath.Join(t.TempDir(), "student-controller")}.Run(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

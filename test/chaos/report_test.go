@@ -104,17 +104,17 @@ func (r *runResult) tally(all []*student) {
 
 func (rep *report) markdown() string {
 	var b strings.Builder
-	built := "without"
-	if raceDetector {
-		built = "with"
+	command, built := fmt.Sprintf("make chaos CHAOS_N=%d", rep.N), "with"
+	if !raceControllers {
+		command, built = fmt.Sprintf("CHAOS_N=%d go test ./test/chaos", rep.N), "without"
 	}
 	fmt.Fprintf(&b, "# Chaos run, %s\n\n", rep.Started.Format("2006-01-02"))
-	fmt.Fprintf(&b, "`make chaos CHAOS_N=%d` (test/chaos): %d Students per registry, %s to %s UTC, on a %d-CPU machine. "+
+	fmt.Fprintf(&b, "`%s` (test/chaos): %d Students per registry, %s to %s UTC, on a %d-CPU machine. "+
 		"The harness runs etcd, kube-apiserver, PostgreSQL and two controller replicas (built %s `-race`, leader election, "+
 		"Lease %v / renew %v / retry %v, registry fence lease %v) itself, and restarts each on the same data and certificates. A loader creates, updates "+
 		"and deletes Students (one third Orphan, deletes one by one and by DeleteCollection), retrying through outages; each fault "+
 		"strikes once a third of its bulk is done. A replica that exits is started again after 1 s, as the kubelet would.\n\n",
-		rep.N, rep.N, rep.Started.Format("15:04"), rep.Finished.Format("15:04"), runtime.NumCPU(), built, leaseDuration, renewDeadline, retryPeriod, fenceLease)
+		command, rep.N, rep.Started.Format("15:04"), rep.Finished.Format("15:04"), runtime.NumCPU(), built, leaseDuration, renewDeadline, retryPeriod, fenceLease)
 	b.WriteString("Recovery is from the end of the bulk and the fault (whichever is later) until every invariant below held, checked every 0.5 s " +
 		"over every Student and every row. During that time: the write requests to Students and their status that the API server answered (its metrics; the loader is done, so they are the controllers'), and the registry rows the controllers wrote (their metrics; a replica that restarts meanwhile counts from its restart).\n\n")
 	for _, run := range rep.Runs {

@@ -11,8 +11,8 @@ import (
 )
 
 // TestGenerationWatcher runs the watcher on a table of its own and reads it while it
-// runs, as the chaos run does (under -race, as make chaos runs it, that read once raced
-// with the watcher).
+// runs, as the chaos run does (under the race detector, that read once raced with the
+// watcher).
 func TestGenerationWatcher(t *testing.T) {
 	db := registrytest.OpenSQLite(t, filepath.Join(t.TempDir(), "rows.db"))
 	ctx, cancel := context.WithCancel(context.Background())

@@ -11,9 +11,9 @@ import (
 )
 
 // TestToolModulesFollowTheProduct: the modules of hack/tools (the control plane, Helm,
-// promtool, gosec, the image builder) require every module they share with the product at the product's
-// version, so that a build compiles client-go, apimachinery, grpc and the rest once for
-// all of them (a cold CI run builds them all).
+// promtool, gosec, the image builder) require every module they share with the product
+// at the product's version, so that a build compiles client-go, apimachinery, grpc and
+// the rest once for all of them (a cold CI run builds them all).
 func TestToolModulesFollowTheProduct(t *testing.T) {
 	root, err := testenv.RepoRoot()
 	if err != nil {

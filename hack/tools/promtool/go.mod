@@ -3,7 +3,8 @@
 // Prometheus' dependencies. It requires every module it shares with the product at the
 // product's version, so a build compiles client-go and the rest once for both.
 // v0.311.3 is the newest Prometheus whose own requirements are none above the
-// product's (v0.312 and later require newer OpenTelemetry, grpc, client_golang, zap).
+// product's: v0.312 and later require a newer zap and fsnotify, which the product and
+// the control plane build; later ones newer client_golang, OpenTelemetry and grpc.
 module github.com/student-controller/student-controller/hack/tools/promtool
 
 go 1.26.0
