@@ -121,14 +121,14 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 # same code with every analyzer; each go test would compute its facts again). Without
 # the race detector (-p 3: three packages built or run at a time), long suites first:
 # the suites that drive programs (the chaos suite among them), the controller's command
-# (its tests check flags, docs, the built binary and the registry commands) and the
-# test helpers, built as go vet built them (static, -trimpath, the shipped tags), so
-# they link and start at once. With it, one package at a time: the controller's
-# packages, whose unit tests drive its goroutines (workers, group commit, the
-# informer). The command's own goroutines (leader election, the lease gate, the
-# servers) run under the race detector only in make chaos, whose controllers are built
-# with it: here that race build took 10 of a cold run's 43 minutes
-# (bench/results/ci-cold.md).
+# (its tests check flags, docs, the built binary and the registry commands) and the test
+# helpers, built as go vet built them (static, -trimpath, the shipped tags), so they
+# link and start at once. With it: the controller's packages, whose unit tests drive its
+# goroutines (workers, group commit, the informer), compiled first in parallel (go list
+# -export; at -p 1 that compile ran 150 s past the rest of a cold run), then tested one
+# at a time. The command's own goroutines (leader election, the lease gate, the servers)
+# run under the race detector only in make chaos, whose controllers are built with it:
+# here that race build took 10 of a cold run's 43 minutes (bench/results/ci-cold.md).
 NORACE_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local ./test/integration ./test/codegen ./test/bench/... \
 	./internal/testenv/... ./cmd/student-controller ./cmd/student-dev/... ./cmd/student-node/...
 RACE_TEST := CGO_ENABLED=1 go test -race -vet=off -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS)
@@ -139,7 +139,8 @@ test: node helm ## Run every test: unit, integration against the real control pl
 	@# record the node keeps).
 	norace="$$(go list $(NORACE_SUITES))"; race="$$(go list ./... | grep -v -x -F -e "$$norace")"; \
 	go test -p 3 -vet=off -trimpath -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $$norace & suites=$$!; \
-	unitrc=0; $(RACE_TEST) -p 1 $$race || unitrc=$$?; \
+	unitrc=0; CGO_ENABLED=1 go list -race -tags $(GO_TAGS) -export -deps -test $$race >/dev/null && \
+		$(RACE_TEST) -p 1 $$race || unitrc=$$?; \
 	rest=0; wait $$suites || rest=$$?; \
 	if (( unitrc || rest )); then \
 		echo "make test: failed (with the race detector: exit $$unitrc; without it: exit $$rest)"; \
