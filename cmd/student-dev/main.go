@@ -18,19 +18,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-logr/logr"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
 func main() {
-	// envtest installs the CRD and logs through controller-runtime's logger: its
-	// progress lines are not ours to show (its errors come back as errors), and
-	// without a logger set it prints a stack trace once the program is 30 s old
-	// (a first run spends longer building).
-	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	// After the first signal, a second one ends this process at once (its children get

@@ -23,20 +23,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/go-logr/logr"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
 func main() {
-	// envtest installs the CRD and logs through controller-runtime's logger: its
-	// progress lines are not ours to show (its errors come back as errors), and
-	// without a logger set it prints a stack trace once the program is 30 s old
-	// (a first run spends longer building).
-	ctrllog.SetLogger(logr.Discard())
 	n := flag.Int("n", 500, "Students per contender")
 	out := flag.String("out", "bench/out", "folder for the results (bench/results is the committed set)")
 	scratch := flag.String("scratch", "bench/scratch", "folder for binaries, registries and logs (not committed)")

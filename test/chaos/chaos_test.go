@@ -401,17 +401,19 @@ func (w *world) strike(ctx context.Context, fault string, ph *phaseResult) (heal
 		if err != nil {
 			return time.Time{}, 0, fmt.Errorf("no leader to stop: %w", err)
 		}
+		stoppedRun := leader.Exited()
 		stopped := time.Now()
 		if err := leader.Signal(syscall.SIGTERM); err != nil {
 			return time.Time{}, 0, err
 		}
 		// It drains, gives the fence and the Lease back and exits 0; its supervisor
-		// starts it again. The other replica leads and writes at once.
-		_, seen, err := w.ctrl.waitLeader(ctx, leader, time.Minute)
+		// starts it again after a second. The standby leads and writes at once, or the
+		// stopped replica's next run does, if it tries the Lease first.
+		_, seen, err := w.ctrl.waitLeader(ctx, stoppedRun, time.Minute)
 		if err != nil {
 			return seen, 0, err
 		}
-		writing, err := w.ctrl.waitWriter(ctx, leader, time.Minute)
+		writing, err := w.ctrl.waitWriter(ctx, stoppedRun, time.Minute)
 		ph.Writing = duration(writing.Sub(stopped))
 		return seen, seen.Sub(stopped), err
 
@@ -427,7 +429,7 @@ func (w *world) strike(ctx context.Context, fault string, ph *phaseResult) (heal
 		if err := leader.Signal(syscall.SIGSTOP); err != nil {
 			return time.Time{}, 0, err
 		}
-		_, seen, err := w.ctrl.waitLeader(ctx, leader, time.Minute)
+		_, seen, err := w.ctrl.waitLeader(ctx, leader.Exited(), time.Minute)
 		// Stay paused past the Lease, then wake up with a cache as old as the pause.
 		time.Sleep(time.Until(paused.Add(leaseDuration + 2*time.Second)))
 		if contErr := leader.Signal(syscall.SIGCONT); contErr != nil {

@@ -83,43 +83,49 @@ func (cs *controllers) stop() error {
 // scrapeTimeout bounds a scrape of a replica's metrics: a paused one never answers.
 const scrapeTimeout = 500 * time.Millisecond
 
-// waitLeader waits until a replica other than not leads, and returns it with the time
-// it was first seen leading.
-func (cs *controllers) waitLeader(ctx context.Context, not *replica, timeout time.Duration) (*replica, time.Time, error) {
-	var all []*ctrlbin.Controller
-	var notC *ctrlbin.Controller
-	for _, r := range cs.replicas {
-		all = append(all, r.Controller)
-		if r == not {
-			notC = r.Controller
-		}
+// A run is one start of a replica, named by its Exited channel. Its supervisor starts a
+// replica again after any exit, under a new identity: that is another run.
+type run = <-chan struct{}
+
+// waitLeader waits until a replica leads, other than in the run not (nil: any), and
+// returns it with the time it was first seen leading. A leader stopped by a fault may
+// lead again in its next run, if that starts before the standby next tries the Lease.
+func (cs *controllers) waitLeader(ctx context.Context, not run, timeout time.Duration) (*replica, time.Time, error) {
+	r, err := cs.waitFor(ctx, timeout, not, "no controller took the lead", (*replica).Leading)
+	if err != nil {
+		return nil, time.Time{}, err
 	}
-	leader, seen, err := ctrlbin.WaitLeader(ctx, timeout, notC, all...)
-	for _, r := range cs.replicas {
-		if r.Controller == leader && leader != nil {
-			return r, seen, nil
-		}
-	}
-	return nil, seen, err
+	return r, time.Now(), nil
 }
 
-// waitWriter waits until a replica other than not holds the registry's write fence,
-// and returns the time it was first seen so.
-func (cs *controllers) waitWriter(ctx context.Context, not *replica, timeout time.Duration) (time.Time, error) {
+// waitWriter waits until a replica holds the registry's write fence, other than in the
+// run not (nil: any), and returns the time it was first seen so.
+func (cs *controllers) waitWriter(ctx context.Context, not run, timeout time.Duration) (time.Time, error) {
+	if _, err := cs.waitFor(ctx, timeout, not, "no replica held the registry's write fence", (*replica).Writing); err != nil {
+		return time.Time{}, err
+	}
+	return time.Now(), nil
+}
+
+// waitFor polls every 100 ms until cond holds for a replica, other than in the run not;
+// after timeout it fails with failure.
+func (cs *controllers) waitFor(ctx context.Context, timeout time.Duration, not run, failure string, cond func(*replica) bool) (*replica, error) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		for _, r := range cs.replicas {
-			if r != not && r.Writing() {
-				return time.Now(), nil
+			// Exited before cond: once the run not has exited, the replica's addresses
+			// answer for its next run only.
+			if (not == nil || r.Exited() != not) && cond(r) {
+				return r, nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return time.Time{}, ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return time.Time{}, fmt.Errorf("no replica held the registry's write fence within %v", timeout)
+	return nil, fmt.Errorf("%s within %v", failure, timeout)
 }
 
 // waitSteadyWriter waits until one replica has held the registry's write fence for

@@ -123,7 +123,7 @@ func (rep *report) markdown() string {
 			"the replicas exited %d times (faults and lost Leases); the generation watcher read the registry %d times.\n\n",
 			run.Took, run.Created, run.Updates, run.DeletedDelete+run.DeletedOrphan, run.DeletedDelete, run.DeletedOrphan, run.Live,
 			run.ControllerExits, run.GenerationReads)
-		b.WriteString("| # | Fault | Bulk (create/update/delete/batches) | Struck at | Down | Standby led after | Fence taken after | Bulk took | Recovery | Student writes | Row writes | Invariants |\n")
+		b.WriteString("| # | Fault | Bulk (create/update/delete/batches) | Struck at | Down | New leader after | Fence taken after | Bulk took | Recovery | Student writes | Row writes | Invariants |\n")
 		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for i, ph := range run.Phases {
 			takeover, writing := "-", "-"

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -24,7 +23,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	_ "modernc.org/sqlite"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
@@ -51,10 +49,6 @@ func TestMain(m *testing.M) {
 
 func runTests(m *testing.M) int {
 	keepFuzzPipesFromChildren()
-	// envtest, which installs the CRD of each control plane a test starts, logs
-	// through controller-runtime's logger: its errors come back as errors, and unset
-	// it prints a stack trace once the program is 30 s old.
-	ctrllog.SetLogger(logr.Discard())
 	var err error
 	env, err = controlplane.Start(controlplane.Options{})
 	if err != nil {

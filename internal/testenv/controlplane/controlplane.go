@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,10 +32,17 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
+
+// envtest, which installs the CRD, logs through controller-runtime's logger: its
+// progress lines are not ours to show (its errors come back as errors), and while no
+// logger is set it prints a stack trace once the program is 30 s old. A program that
+// wants controller-runtime's logs sets its own logger in main, after this.
+func init() { ctrllog.SetLogger(logr.Discard()) }
 
 // NodeServiceCIDR is the Services' address range of a control plane with a node.
 const NodeServiceCIDR = "198.18.0.0/24"
