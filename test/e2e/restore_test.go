@@ -34,6 +34,7 @@ import (
 // deletion of an Orphan Student finishes with its row released, a spec change after
 // the restore reaches its row, and a Delete Student's deletion deletes it.
 func TestEtcdRestore(t *testing.T) {
+	t.Parallel() // its own control plane: it runs beside the others that have one
 	ctx := context.Background()
 	cp := controlplane.ForTest(t, controlplane.Options{WithoutControllerManager: true})
 	kube := kubernetes.NewForConfigOrDie(cp.Config)

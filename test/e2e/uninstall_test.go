@@ -149,8 +149,12 @@ func (u *uninstallCluster) assertNothingLeft(t *testing.T) {
 // CRD or namespace Terminating and the rows per policy, for kustomize and for Helm. With the controller already
 // gone it deletes nothing and says so; running the controller again is the way out,
 // and then the uninstall finishes the same.
+//
+// Each case has a control plane of its own, so the cases run in parallel (go test's
+// -parallel, the number of CPUs by default): they spend most of their time waiting.
 func TestUninstall(t *testing.T) {
 	t.Run("controller running", func(t *testing.T) {
+		t.Parallel()
 		u := newUninstallCluster(t)
 		ctrl := startProcess(t, "controller", u.args...)
 		u.populate(t)
@@ -176,6 +180,7 @@ func TestUninstall(t *testing.T) {
 	})
 
 	t.Run("helm", func(t *testing.T) {
+		t.Parallel()
 		u := newUninstallCluster(t)
 		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
 		// The control plane has the admission policy already, outside the release. (Its
@@ -200,6 +205,7 @@ func TestUninstall(t *testing.T) {
 	// Two releases, each watching a namespace of its own, with owners of their own:
 	// uninstalling one deletes its Students only, and the CRD stays for the other's.
 	t.Run("one of two releases", func(t *testing.T) {
+		t.Parallel()
 		u := newUninstallCluster(t)
 		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
 		for _, team := range []string{"a", "b"} {
@@ -233,6 +239,7 @@ func TestUninstall(t *testing.T) {
 	// uninstalling one deletes the Students of its label alone. A flag the script
 	// cannot read stops it before it deletes anything.
 	t.Run("two namespaces, a label each", func(t *testing.T) {
+		t.Parallel()
 		u := newUninstallCluster(t)
 		ctx := context.Background()
 		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
@@ -307,6 +314,7 @@ func TestUninstall(t *testing.T) {
 	// for school-b's Students (config/default holds the CRD, and deleting it would take
 	// every Student with it), and so does config/registry's claim with its rows.
 	t.Run("kustomize, one namespace", func(t *testing.T) {
+		t.Parallel()
 		u := newUninstallCluster(t)
 		overlay := u.overlay(t, "--namespace=school-a")
 		for _, dir := range []string{filepath.Join(u.cp.Root, "config", "registry"), overlay} {
@@ -341,6 +349,7 @@ func TestUninstall(t *testing.T) {
 	// An operator who deletes what config/default installed, by hand: the registry's
 	// claim and the namespace it lives in (config/registry) stay, rows and all.
 	t.Run("kubectl delete -k config/default keeps the registry", func(t *testing.T) {
+		t.Parallel()
 		u := newUninstallCluster(t)
 		kubectl := func(args ...string) {
 			t.Helper()
@@ -366,6 +375,7 @@ func TestUninstall(t *testing.T) {
 	})
 
 	t.Run("controller gone", func(t *testing.T) {
+		t.Parallel()
 		u := newUninstallCluster(t)
 		ctrl := startProcess(t, "controller", u.args...)
 		u.populate(t)
