@@ -14,16 +14,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	"github.com/go-logr/logr"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 func main() {
-	// envtest installs the CRD and logs through controller-runtime's logger: its
-	// errors come back as errors, and unset it prints a stack trace once the program
-	// is 30 s old.
-	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	// After the first signal, a second one ends this process at once (its children get

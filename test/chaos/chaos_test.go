@@ -305,7 +305,7 @@ func (w *world) phase(ctx context.Context, fault string, ops []op, runStart time
 		ph.Takeover = duration(takeover)
 		ph.TakeoverLimit = duration(takeoverLimit)
 		if takeover > takeoverLimit {
-			w.t.Errorf("%s: the standby took over %v after the leader stopped, more than %v", fault, takeover, takeoverLimit)
+			w.t.Errorf("%s: a replica took the lead %v after the leader stopped, more than %v", fault, takeover, takeoverLimit)
 		}
 	}
 	if err := <-loadDone; err != nil {
@@ -344,7 +344,7 @@ func (w *world) phase(ctx context.Context, fault string, ops []op, runStart time
 	return ph
 }
 
-// takeoverLimit bounds how long after the leader stops a standby leads: the Lease runs
+// takeoverLimit bounds how long after the leader stops another leads: the Lease runs
 // out leaseDuration after the leader's last renewal, and the standby tries every
 // retryPeriod, jittered by up to 1.2 times that (client-go), once after seeing the last
 // renewal and once after the expiry.
@@ -360,8 +360,8 @@ const fenceLease = leaseDuration
 const writingLimit = takeoverLimit + fenceLease + time.Second
 
 // strike strikes fault and heals it: it returns when the struck part is back (or, for
-// the controller, when a replica leads again), and for a leader fault how long the
-// standby took to lead.
+// the controller, when a replica leads again), and for a leader fault how long until
+// a new leader was seen.
 func (w *world) strike(ctx context.Context, fault string, ph *phaseResult) (healed time.Time, takeover time.Duration, err error) {
 	c := w.cluster
 	switch fault {

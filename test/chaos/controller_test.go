@@ -83,14 +83,14 @@ func (cs *controllers) stop() error {
 // scrapeTimeout bounds a scrape of a replica's metrics: a paused one never answers.
 const scrapeTimeout = 500 * time.Millisecond
 
-// A run is one start of a replica, named by its Exited channel. Its supervisor starts a
-// replica again after any exit, under a new identity: that is another run.
-type run = <-chan struct{}
+// A replicaRun is one start of a replica, named by its Exited channel. Its supervisor
+// starts a replica again after any exit, under a new identity: that is another run.
+type replicaRun = <-chan struct{}
 
 // waitLeader waits until a replica leads, other than in the run not (nil: any), and
 // returns it with the time it was first seen leading. A leader stopped by a fault may
 // lead again in its next run, if that starts before the standby next tries the Lease.
-func (cs *controllers) waitLeader(ctx context.Context, not run, timeout time.Duration) (*replica, time.Time, error) {
+func (cs *controllers) waitLeader(ctx context.Context, not replicaRun, timeout time.Duration) (*replica, time.Time, error) {
 	r, err := cs.waitFor(ctx, timeout, not, "no controller took the lead", (*replica).Leading)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -100,7 +100,7 @@ func (cs *controllers) waitLeader(ctx context.Context, not run, timeout time.Dur
 
 // waitWriter waits until a replica holds the registry's write fence, other than in the
 // run not (nil: any), and returns the time it was first seen so.
-func (cs *controllers) waitWriter(ctx context.Context, not run, timeout time.Duration) (time.Time, error) {
+func (cs *controllers) waitWriter(ctx context.Context, not replicaRun, timeout time.Duration) (time.Time, error) {
 	if _, err := cs.waitFor(ctx, timeout, not, "no replica held the registry's write fence", (*replica).Writing); err != nil {
 		return time.Time{}, err
 	}
@@ -109,7 +109,7 @@ func (cs *controllers) waitWriter(ctx context.Context, not run, timeout time.Dur
 
 // waitFor polls every 100 ms until cond holds for a replica, other than in the run not;
 // after timeout it fails with failure.
-func (cs *controllers) waitFor(ctx context.Context, timeout time.Duration, not run, failure string, cond func(*replica) bool) (*replica, error) {
+func (cs *controllers) waitFor(ctx context.Context, timeout time.Duration, not replicaRun, failure string, cond func(*replica) bool) (*replica, error) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		for _, r := range cs.replicas {

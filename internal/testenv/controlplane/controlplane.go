@@ -38,12 +38,6 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
-// envtest, which installs the CRD, logs through controller-runtime's logger: its
-// progress lines are not ours to show (its errors come back as errors), and while no
-// logger is set it prints a stack trace once the program is 30 s old. A program that
-// wants controller-runtime's logs sets its own logger in main, after this.
-func init() { ctrllog.SetLogger(logr.Discard()) }
-
 // NodeServiceCIDR is the Services' address range of a control plane with a node.
 const NodeServiceCIDR = "198.18.0.0/24"
 
@@ -128,6 +122,11 @@ func Start(opts Options) (*Env, error) {
 			return nil, fmt.Errorf("control plane binary %s is missing (run `make controlplane` first): %w", b, err)
 		}
 	}
+	// envtest, which installs the CRD, logs through controller-runtime's logger: its
+	// progress lines are not ours to show (its errors come back as errors), and while
+	// no logger is set it prints a stack trace once the program is 30 s old. The first
+	// logger set is the one controller-runtime keeps: a program that set its own keeps it.
+	ctrllog.SetLogger(logr.Discard())
 	e := &Env{Root: root, Dir: opts.Dir}
 	if e.Dir == "" {
 		dir, err := os.MkdirTemp("", "student-controller-controlplane-")
