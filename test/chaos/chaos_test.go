@@ -344,7 +344,7 @@ func (w *world) phase(ctx context.Context, fault string, ops []op, runStart time
 	return ph
 }
 
-// takeoverLimit bounds how long after the leader stops another leads: the Lease runs
+// takeoverLimit bounds how long after the leader stops a new one leads: the Lease runs
 // out leaseDuration after the leader's last renewal, and the standby tries every
 // retryPeriod, jittered by up to 1.2 times that (client-go), once after seeing the last
 // renewal and once after the expiry.
