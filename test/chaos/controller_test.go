@@ -88,44 +88,38 @@ const scrapeTimeout = 500 * time.Millisecond
 type replicaRun = <-chan struct{}
 
 // waitLeader waits until a replica leads, other than in the run not (nil: any), and
-// returns it with the time it was first seen leading. A leader stopped by a fault may
-// lead again in its next run, if that starts before the standby next tries the Lease.
+// returns it with the time it was first seen leading.
 func (cs *controllers) waitLeader(ctx context.Context, not replicaRun, timeout time.Duration) (*replica, time.Time, error) {
-	r, err := cs.waitFor(ctx, timeout, not, "no controller took the lead", (*replica).Leading)
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	return r, time.Now(), nil
+	c, seen, err := ctrlbin.WaitLeader(ctx, timeout, not, cs.controllers()...)
+	return cs.replicaOf(c), seen, err
 }
 
 // waitWriter waits until a replica holds the registry's write fence, other than in the
 // run not (nil: any), and returns the time it was first seen so.
 func (cs *controllers) waitWriter(ctx context.Context, not replicaRun, timeout time.Duration) (time.Time, error) {
-	if _, err := cs.waitFor(ctx, timeout, not, "no replica held the registry's write fence", (*replica).Writing); err != nil {
+	_, err := ctrlbin.WaitFor(ctx, timeout, not, "no replica held the registry's write fence", (*ctrlbin.Controller).Writing, cs.controllers()...)
+	if err != nil {
 		return time.Time{}, err
 	}
 	return time.Now(), nil
 }
 
-// waitFor polls every 100 ms until cond holds for a replica, other than in the run not;
-// after timeout it fails with failure.
-func (cs *controllers) waitFor(ctx context.Context, timeout time.Duration, not replicaRun, failure string, cond func(*replica) bool) (*replica, error) {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		for _, r := range cs.replicas {
-			// Exited before cond: once the run not has exited, the replica's addresses
-			// answer for its next run only.
-			if (not == nil || r.Exited() != not) && cond(r) {
-				return r, nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+func (cs *controllers) controllers() []*ctrlbin.Controller {
+	out := make([]*ctrlbin.Controller, len(cs.replicas))
+	for i, r := range cs.replicas {
+		out[i] = r.Controller
+	}
+	return out
+}
+
+// replicaOf is the replica of c; nil for nil.
+func (cs *controllers) replicaOf(c *ctrlbin.Controller) *replica {
+	for _, r := range cs.replicas {
+		if c != nil && r.Controller == c {
+			return r
 		}
 	}
-	return nil, fmt.Errorf("%s within %v", failure, timeout)
+	return nil
 }
 
 // waitSteadyWriter waits until one replica has held the registry's write fence for

@@ -110,14 +110,14 @@ func startReplicas(t *testing.T, leaseNS string, args []string) (a, b *process) 
 func waitLeader(t *testing.T, not *process, ps ...*process) {
 	t.Helper()
 	var cs []*ctrlbin.Controller
-	var notC *ctrlbin.Controller
+	var notRun <-chan struct{}
 	for _, p := range ps {
 		cs = append(cs, p.Controller)
 	}
 	if not != nil {
-		notC = not.Controller
+		notRun = not.Exited()
 	}
-	if _, _, err := ctrlbin.WaitLeader(context.Background(), 30*time.Second, notC, cs...); err != nil {
+	if _, _, err := ctrlbin.WaitLeader(context.Background(), 30*time.Second, notRun, cs...); err != nil {
 		t.Fatal(err)
 	}
 }

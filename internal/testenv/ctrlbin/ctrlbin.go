@@ -185,21 +185,35 @@ func (c *Controller) Writing() bool {
 	return err == nil && testenv.MetricSum(body, "student_controller_registry_fence_held", nil) == 1
 }
 
-// WaitLeader waits until one of cs other than not leads, and returns it with the time
-// it was first seen leading.
-func WaitLeader(ctx context.Context, timeout time.Duration, not *Controller, cs ...*Controller) (*Controller, time.Time, error) {
+// WaitLeader waits until one of cs leads, other than in the run not (the Exited
+// channel of the run to leave out; nil: none), and returns it with the time it was
+// first seen leading. A controller started again after an exit is another run: a
+// leader stopped by SIGTERM may lead again in its next run.
+func WaitLeader(ctx context.Context, timeout time.Duration, not <-chan struct{}, cs ...*Controller) (*Controller, time.Time, error) {
+	c, err := WaitFor(ctx, timeout, not, "no controller took the lead", (*Controller).Leading, cs...)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return c, time.Now(), nil
+}
+
+// WaitFor polls cs every 100 ms until cond holds for one of them, other than in the
+// run not, and returns it; after timeout it fails with failure.
+func WaitFor(ctx context.Context, timeout time.Duration, not <-chan struct{}, failure string, cond func(*Controller) bool, cs ...*Controller) (*Controller, error) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		for _, c := range cs {
-			if c != not && c.Leading() {
-				return c, time.Now(), nil
+			// Exited before cond: once the run not has exited, the controller's
+			// addresses answer for its next run only.
+			if (not == nil || c.Exited() != not) && cond(c) {
+				return c, nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, time.Time{}, ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return nil, time.Time{}, fmt.Errorf("no controller took the lead within %v", timeout)
+	return nil, fmt.Errorf("%s within %v", failure, timeout)
 }
