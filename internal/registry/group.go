@@ -6,19 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
-// Group commit (SQLite). SQLite has one writer at a time, so a SQLite registry's
-// writes wait for one another (Registry.writer). Rather than one transaction, one
-// commit and one sync to disk each, the writes that arrive while another's transaction
-// runs wait together, and the next to take the turn writes them all in one
-// transaction: each in a savepoint of its own, so that one that fails (a row of
-// another owner, a stale generation) is rolled back alone, then the write fence's
-// check and one commit for them all. Every write still returns only once it is
-// committed (or failed), as before; only the waiting and the syncs are shared. On a
-// machine whose cores are busy (the API server's), the turn's holder is often not
-// running, and every write in the line waited for each holder in turn.
+// Group commit. A registry's writes wait for one another (Registry.writer): SQLite
+// has one writer at a time, and on PostgreSQL the write fence's check locks one row
+// until the commit. Rather than one transaction, one commit and one sync to disk each,
+// the writes that arrive while another's transaction runs wait together, and the next
+// to take the turn writes them all in one transaction: each in a savepoint of its own,
+// so that one that fails (a row of another owner, a stale generation) is rolled back
+// alone, then the write fence's check and one commit for them all. Every write still
+// returns only once it is committed (or failed), as before; only the waiting and the
+// syncs are shared. On a machine whose cores are busy (the API server's), the turn's
+// holder is often not running, and every write in the line waited for each holder in
+// turn.
 
 // maxGroup bounds the writes one transaction takes, so that a long line does not
 // hold the lock for long: the rest go in the next.
@@ -99,9 +101,34 @@ func (r *Registry) writePending() {
 		return false
 	})
 	if len(group) > 0 {
-		// Not tied to any one writer's context: its cancellation would interrupt the
-		// statement running and end the others' transaction.
-		r.commit(context.WithoutCancel(group[0].ctx), group)
+		ctx, cancel := groupContext(group)
+		defer cancel()
+		r.commit(ctx, group)
+	}
+}
+
+// groupContext is the context of group's transaction. It is not tied to any one
+// writer's context, whose end would interrupt the statement running and end the
+// others' transaction; it ends once every writer of the group has given up, so that a
+// server that stopped answering does not keep the turn, and every write behind it,
+// for as long as the connection lives.
+func groupContext(group []*pendingWrite) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(group[0].ctx))
+	var live atomic.Int64
+	live.Store(int64(len(group)))
+	stops := make([]func() bool, 0, len(group))
+	for _, w := range group {
+		stops = append(stops, context.AfterFunc(w.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		}))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
 	}
 }
 

@@ -166,13 +166,15 @@ type Registry struct {
 	// suffix, new in each process. lease is Options.LeaseDuration.
 	holder string
 	lease  time.Duration
-	// writer is this process's one turn at SQLite's write lock, taken before a write
-	// transaction begins (nil on PostgreSQL, whose row locks let writers of different
-	// rows go together, and when read-only). SQLite has one writer at a time whatever
-	// this does; without it the controller's workers wait for one another inside
-	// SQLite's busy handler, which polls with growing sleeps (1 ms up to 100 ms) and
-	// leaves the lock idle between a commit and the next waiter's wake-up. With it, the
-	// writes waiting for the turn go in one transaction (group.go).
+	// writer is this process's one turn to write, taken before a write transaction
+	// begins (nil when read-only). With it, the writes waiting for the turn go in one
+	// transaction (group.go). SQLite has one writer at a time whatever this does;
+	// without it the controller's workers wait for one another inside SQLite's busy
+	// handler, which polls with growing sleeps (1 ms up to 100 ms) and leaves the lock
+	// idle between a commit and the next waiter's wake-up. On PostgreSQL every fenced
+	// write ends by locking the fence's row until it commits, so the writes of one
+	// owner commit one at a time there too: in a group, one lock and one commit serve
+	// them all.
 	writer chan struct{}
 	// pending are the writes waiting for the turn.
 	pendingMu sync.Mutex
@@ -279,7 +281,7 @@ func OpenURL(ctx context.Context, u URL, opts Options) (*Registry, error) {
 	db.SetConnMaxLifetime(cmp.Or(opts.ConnMaxLifetime, 30*time.Minute))
 	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now, actor: opts.Actor,
 		lease: cmp.Or(opts.LeaseDuration, DefaultLeaseDuration)}
-	if src.dialect == sqlite && !opts.ReadOnly {
+	if !opts.ReadOnly {
 		r.writer = make(chan struct{}, 1)
 	}
 	if r.now == nil {

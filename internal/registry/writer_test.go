@@ -12,21 +12,43 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
+
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
+	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
-// TestWritesTakeTurns: a SQLite registry's writes from many goroutines at once take
-// turns in the process (Registry.writer) and all land, each with its history row; a
-// write waiting for its turn gives up with its context and writes nothing.
+// writeBackends runs test on a fresh registry of each kind: a SQLite file, and a
+// database on a PostgreSQL server of the test's own. It gets the registry's URL and a
+// connection to its database as another program would have.
+func writeBackends(t *testing.T, test func(t *testing.T, url string, db *sql.DB)) {
+	t.Run("sqlite", func(t *testing.T) {
+		url, db := registrytest.SQLiteBackend().New(t)
+		test(t, url, db)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		url, db := registrytest.NewDatabase(t, pgtest.ForTest(t))
+		test(t, url, db)
+	})
+}
+
+// TestWritesTakeTurns: a registry's writes from many goroutines at once take turns in
+// the process (Registry.writer) and all land, each with its history row; a write
+// waiting for its turn gives up with its context and writes nothing.
 func TestWritesTakeTurns(t *testing.T) {
+	writeBackends(t, testWritesTakeTurns)
+}
+
+func testWritesTakeTurns(t *testing.T, url string, _ *sql.DB) {
 	ctx := context.Background()
-	r, err := Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), Options{})
+	r, err := Open(ctx, url, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
 	if r.writer == nil {
-		t.Fatal("a writable SQLite registry has no turn to take")
+		t.Fatal("a writable registry has no turn to take")
 	}
 	record := func(i int) Record {
 		return Record{UID: fmt.Sprintf("uid-%d", i), Namespace: "default", Name: fmt.Sprintf("s-%d", i),
@@ -223,8 +245,11 @@ func TestListSortsNoTable(t *testing.T) {
 // fence taken by another controller since rolls back the whole group. (A write that
 // gives up while it waits is TestWritesTakeTurns'.)
 func TestGroupCommit(t *testing.T) {
+	writeBackends(t, testGroupCommit)
+}
+
+func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 	ctx := context.Background()
-	url := "sqlite://" + filepath.Join(t.TempDir(), "registry.db")
 	r, err := Open(ctx, url, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -326,17 +351,33 @@ func TestGroupCommit(t *testing.T) {
 	}
 
 	// A write whose row is written and whose history row then fails is undone to its
-	// savepoint, row and all; the others of its group land. (The trigger's ABORT
-	// undoes the failing statement alone, as most errors do.)
-	exec := func(query string) {
+	// savepoint, row and all; the others of its group land. (The trigger's error
+	// undoes the failing statement alone, as most errors do on SQLite; PostgreSQL's
+	// transaction takes no statement after an error until it rolls back to the
+	// savepoint.)
+	exec := func(queries ...string) {
 		t.Helper()
-		if _, err := r.db.ExecContext(ctx, query); err != nil {
-			t.Fatal(err)
+		for _, query := range queries {
+			if _, err := r.db.ExecContext(ctx, query); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	exec(`CREATE TRIGGER poison BEFORE INSERT ON student_history WHEN NEW.uid = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned history'); END`)
+	// trigger makes an insert of uid into the history run body (SQLite) or call
+	// function (PostgreSQL); the returned func removes it.
+	trigger := func(name, uid, body, function string) func() {
+		t.Helper()
+		if r.dialect == sqlite {
+			exec(`CREATE TRIGGER ` + name + ` BEFORE INSERT ON student_history WHEN NEW.uid = '` + uid + `' BEGIN ` + body + `; END`)
+			return func() { exec(`DROP TRIGGER ` + name) }
+		}
+		exec(`CREATE FUNCTION `+name+`() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN `+function+`; RETURN NEW; END $$`,
+			`CREATE TRIGGER `+name+` BEFORE INSERT ON student_history FOR EACH ROW WHEN (NEW.uid = '`+uid+`') EXECUTE FUNCTION `+name+`()`)
+		return func() { exec(`DROP TRIGGER `+name+` ON student_history`, `DROP FUNCTION `+name+`()`) }
+	}
+	drop := trigger("poison", "poison", `SELECT RAISE(ABORT, 'poisoned history')`, `RAISE EXCEPTION 'poisoned history'`)
 	got = group(map[string]func() error{"f": upsert(record("f", "test", 1)), "poison": upsert(record("poison", "test", 1)), "g": upsert(record("g", "test", 1))})
-	exec(`DROP TRIGGER poison`)
+	drop()
 	if err := got["poison"]; err == nil || !strings.Contains(err.Error(), "poisoned history") {
 		t.Errorf("the write whose history failed: %v, want the trigger's error", err)
 	}
@@ -349,11 +390,12 @@ func TestGroupCommit(t *testing.T) {
 		}
 	}
 
-	// An error that ends the whole transaction (the trigger's ROLLBACK, as a full disk
-	// would) fails every write of the group: none is written, none is told it was.
-	exec(`CREATE TRIGGER doom BEFORE INSERT ON student_history WHEN NEW.uid = 'doom' BEGIN SELECT RAISE(ROLLBACK, 'doomed'); END`)
+	// An error that ends the whole transaction (SQLite's ROLLBACK in the trigger, as a
+	// full disk would; PostgreSQL's session ended under it, as a lost connection would)
+	// fails every write of the group: none is written, none is told it was.
+	drop = trigger("doom", "doom", `SELECT RAISE(ROLLBACK, 'doomed')`, `PERFORM pg_terminate_backend(pg_backend_pid())`)
 	got = group(map[string]func() error{"h": upsert(record("h", "test", 1)), "doom": upsert(record("doom", "test", 1)), "i": upsert(record("i", "test", 1))})
-	exec(`DROP TRIGGER doom`)
+	drop()
 	for _, uid := range []string{"h", "doom", "i"} {
 		if got[uid] == nil {
 			t.Errorf("write %s in the transaction that ended: no error, want one", uid)
@@ -404,5 +446,101 @@ func TestGroupCommit(t *testing.T) {
 	}
 	if n := history() - historyBefore; n != 0 {
 		t.Errorf("%d history rows written by the fenced group, want 0", n)
+	}
+}
+
+// TestGroupGivesUp: a group's transaction runs on while one of its writes still
+// waits for it, and ends once all have given up, so that a server that stopped
+// answering does not keep the turn, and every write behind it. Here another session
+// holds the lock of the fence's row, which PostgreSQL's fence check waits for.
+func TestGroupGivesUp(t *testing.T) {
+	ctx := context.Background()
+	url, db := registrytest.NewDatabase(t, pgtest.ForTest(t))
+	r, err := Open(ctx, url, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.TakeFence(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	record := func(uid string) Record {
+		return Record{UID: uid, Namespace: "default", Name: uid, StudentName: "张三", School: "深圳中学",
+			Owner: "test", Generation: 1, DeletionPolicy: PolicyDelete}
+	}
+	lock := func() (release func()) {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, `SELECT token FROM fences WHERE owner = 'test' FOR UPDATE`); err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		release = func() { once.Do(func() { _ = tx.Rollback() }) }
+		t.Cleanup(release)
+		return release
+	}
+	// upsertWithin writes uid in the group while it may wait that long.
+	upsertWithin := func(uid string, wait time.Duration) (time.Duration, error) {
+		short, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		started := time.Now()
+		_, err := r.Upsert(short, record(uid), Why{Cause: "test"})
+		return time.Since(started), err
+	}
+
+	// Two writes in one group; one gives up after 200 ms, the other may wait 30 s. The
+	// lock goes after 2 s: the transaction was still running, and both land.
+	release := lock()
+	r.writer <- struct{}{}
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	results := map[string]chan result{"short": make(chan result, 1), "long": make(chan result, 1)}
+	for uid, wait := range map[string]time.Duration{"short": 200 * time.Millisecond, "long": 30 * time.Second} {
+		go func() {
+			took, err := upsertWithin(uid, wait)
+			results[uid] <- result{err, took}
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		r.pendingMu.Lock()
+		n := len(r.pending)
+		r.pendingMu.Unlock()
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 2 writes waiting after 10 s", n)
+		}
+	}
+	<-r.writer
+	time.AfterFunc(2*time.Second, release)
+	for uid, ch := range results {
+		if got := <-ch; got.err != nil {
+			t.Errorf("the write of %s, in the group that one write still waited for: %v after %v, want it written", uid, got.err, got.took)
+		}
+		if _, err := r.Get(ctx, uid); err != nil {
+			t.Errorf("Get %s: %v, want its row", uid, err)
+		}
+	}
+
+	// A write alone that gives up after 500 ms: its transaction ends then, though the
+	// lock stays for 20 s, and the next write takes the turn.
+	release = lock()
+	time.AfterFunc(20*time.Second, release)
+	took, err := upsertWithin("alone", 500*time.Millisecond)
+	if err == nil || took > 10*time.Second {
+		t.Fatalf("the write that gave up after 500 ms: %v after %v, want an error within 10 s", err, took)
+	}
+	if _, err := r.Get(ctx, "alone"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get of the write that gave up: %v, want ErrNotFound", err)
+	}
+	release()
+	if _, err := upsertWithin("next", 10*time.Second); err != nil {
+		t.Errorf("the next write, once the lock is gone: %v", err)
 	}
 }
