@@ -176,7 +176,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 				continue
 			}
 		}
-		outcome, err := c.write.relinquish(ctx, row.UID, c.cfg.Owner, registry.CauseSweep)
+		outcome, err := c.relinquishWithin(ctx, row.UID)
 		if errors.Is(err, ErrNotLeading) {
 			// The next leader's sweep does it, or this one's once it has renewed.
 			errs = append(errs, err)
@@ -261,4 +261,13 @@ func (c *Controller) reportMalformed(logger klog.Logger, rows []registry.Malform
 		}
 	}
 	c.malformed = seen
+}
+
+// relinquishWithin lets go of row uid for the sweep, bounded by --sync-timeout as a
+// sync's registry calls are: the write may share a transaction with the workers'
+// (group commit), which ends only once every write in it has given up.
+func (c *Controller) relinquishWithin(ctx context.Context, uid string) (registry.Outcome, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
+	defer cancel()
+	return c.write.relinquish(ctx, uid, c.cfg.Owner, registry.CauseSweep)
 }

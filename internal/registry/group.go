@@ -45,7 +45,7 @@ type pendingWrite struct {
 // write runs the statements of one write (fn) and the history rows they report,
 // stamped at, in a transaction that ends with the write fence's check while this
 // registry holds a fence: rolled back with ErrFenced when another controller has taken
-// the owner's fence since. On SQLite it waits for its turn and may share the
+// the owner's fence since. It waits for its turn (but when read-only) and may share the
 // transaction with other writes of this process; it gives up with ctx only while it
 // has not started.
 func (r *Registry) write(ctx context.Context, at time.Time, fn writeFunc) error {

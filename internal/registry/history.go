@@ -119,9 +119,11 @@ func scanReturned(row *sql.Row, e *entry) (bool, error) {
 // returns what ends it, to be called once the transaction has ended; on PostgreSQL
 // and read-only it waits for nothing. Writes of this process that run alongside the
 // workers' (the history's prune, the fence) take it too: SQLite's busy handler would
-// seldom find the lock free between two turns.
+// seldom find the lock free between two turns. On PostgreSQL they do not wait for the
+// workers' groups: a group held up by a row's lock must not hold up the fence's
+// renewal, which locks only the fence's row.
 func (r *Registry) turn(ctx context.Context) (func(), error) {
-	if r.writer == nil {
+	if r.writer == nil || r.dialect != sqlite {
 		return func() {}, nil
 	}
 	select {

@@ -491,8 +491,8 @@ func TestGroupGivesUp(t *testing.T) {
 		return time.Since(started), err
 	}
 
-	// Two writes in one group; one gives up after 200 ms, the other may wait 30 s. The
-	// lock goes after 2 s: the transaction was still running, and both land.
+	// Two writes in one group; one gives up after 2 s, the other may wait 30 s. The
+	// lock goes after 5 s: the transaction was still running, and both land.
 	release := lock()
 	r.writer <- struct{}{}
 	type result struct {
@@ -500,7 +500,7 @@ func TestGroupGivesUp(t *testing.T) {
 		took time.Duration
 	}
 	results := map[string]chan result{"short": make(chan result, 1), "long": make(chan result, 1)}
-	for uid, wait := range map[string]time.Duration{"short": 200 * time.Millisecond, "long": 30 * time.Second} {
+	for uid, wait := range map[string]time.Duration{"short": 2 * time.Second, "long": 30 * time.Second} {
 		go func() {
 			took, err := upsertWithin(uid, wait)
 			results[uid] <- result{err, took}
@@ -518,7 +518,7 @@ func TestGroupGivesUp(t *testing.T) {
 		}
 	}
 	<-r.writer
-	time.AfterFunc(2*time.Second, release)
+	time.AfterFunc(5*time.Second, release)
 	for uid, ch := range results {
 		if got := <-ch; got.err != nil {
 			t.Errorf("the write of %s, in the group that one write still waited for: %v after %v, want it written", uid, got.err, got.took)
@@ -542,5 +542,28 @@ func TestGroupGivesUp(t *testing.T) {
 	release()
 	if _, err := upsertWithin("next", 10*time.Second); err != nil {
 		t.Errorf("the next write, once the lock is gone: %v", err)
+	}
+}
+
+// TestRenewalTakesNoTurn: on PostgreSQL the fence's renewal does not wait for the
+// workers' turn, which a group held up by a row's lock can keep for as long as its
+// writes wait: the lease would run out under a live controller.
+func TestRenewalTakesNoTurn(t *testing.T) {
+	ctx := context.Background()
+	url, _ := registrytest.NewDatabase(t, pgtest.ForTest(t))
+	r, err := Open(ctx, url, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.TakeFence(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	r.writer <- struct{}{} // a group holds the turn
+	defer func() { <-r.writer }()
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.RenewFence(short); err != nil {
+		t.Fatalf("RenewFence while a group holds the turn: %v", err)
 	}
 }
