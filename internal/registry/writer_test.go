@@ -491,42 +491,75 @@ func TestGroupGivesUp(t *testing.T) {
 		return time.Since(started), err
 	}
 
-	// Two writes in one group; one gives up after 2 s, the other may wait 30 s. The
-	// lock goes after 5 s: the transaction was still running, and both land.
-	release := lock()
-	r.writer <- struct{}{}
 	type result struct {
 		err  error
 		took time.Duration
 	}
-	results := map[string]chan result{"short": make(chan result, 1), "long": make(chan result, 1)}
-	for uid, wait := range map[string]time.Duration{"short": 2 * time.Second, "long": 30 * time.Second} {
-		go func() {
-			took, err := upsertWithin(uid, wait)
-			results[uid] <- result{err, took}
-		}()
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		r.pendingMu.Lock()
-		n := len(r.pending)
-		r.pendingMu.Unlock()
-		if n == 2 {
-			break
+	// inGroup writes each uid in one group, each while it may wait its time, and
+	// calls during once they all wait for the transaction.
+	inGroup := func(waits map[string]time.Duration, during func()) map[string]result {
+		t.Helper()
+		r.writer <- struct{}{}
+		results := make(chan struct {
+			uid string
+			result
+		}, len(waits))
+		for uid, wait := range waits {
+			go func() {
+				took, err := upsertWithin(uid, wait)
+				results <- struct {
+					uid string
+					result
+				}{uid, result{err, took}}
+			}()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 2 writes waiting after 10 s", n)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			r.pendingMu.Lock()
+			n := len(r.pending)
+			r.pendingMu.Unlock()
+			if n == len(waits) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d writes waiting after 10 s", n, len(waits))
+			}
 		}
+		<-r.writer
+		during()
+		got := map[string]result{}
+		for range waits {
+			res := <-results
+			got[res.uid] = res.result
+		}
+		return got
 	}
-	<-r.writer
-	time.AfterFunc(5*time.Second, release)
-	for uid, ch := range results {
-		if got := <-ch; got.err != nil {
+
+	// Two writes in one group; one gives up after 2 s, the other may wait 30 s. The
+	// lock goes after 5 s: the transaction was still running, and both land.
+	release := lock()
+	for uid, got := range inGroup(map[string]time.Duration{"short": 2 * time.Second, "long": 30 * time.Second},
+		func() { time.AfterFunc(5*time.Second, release) }) {
+		if got.err != nil {
 			t.Errorf("the write of %s, in the group that one write still waited for: %v after %v, want it written", uid, got.err, got.took)
 		}
 		if _, err := r.Get(ctx, uid); err != nil {
 			t.Errorf("Get %s: %v, want its row", uid, err)
 		}
 	}
+
+	// Two writes in one group that both give up, after 500 ms and 1 s, while the lock
+	// stays for 20 s: the transaction ends, neither is written.
+	release = lock()
+	time.AfterFunc(20*time.Second, release)
+	for uid, got := range inGroup(map[string]time.Duration{"both-a": 500 * time.Millisecond, "both-b": time.Second}, func() {}) {
+		if got.err == nil || got.took > 10*time.Second {
+			t.Errorf("the write of %s, in a group whose writes all gave up: %v after %v, want an error within 10 s", uid, got.err, got.took)
+		}
+		if _, err := r.Get(ctx, uid); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get %s: %v, want ErrNotFound", uid, err)
+		}
+	}
+	release()
 
 	// A write alone that gives up after 500 ms: its transaction ends then, though the
 	// lock stays for 20 s, and the next write takes the turn.
