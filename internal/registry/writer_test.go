@@ -295,18 +295,7 @@ func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 				mu.Unlock()
 			})
 		}
-		for deadline := time.Now().Add(10 * time.Second); ; {
-			r.pendingMu.Lock()
-			n := len(r.pending)
-			r.pendingMu.Unlock()
-			if n == len(writes) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d writes waiting after 10 s", n, len(writes))
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitPending(t, r, len(writes))
 		<-r.writer
 		wg.Wait()
 		return got
@@ -455,15 +444,7 @@ func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 // holds the lock of the fence's row, which PostgreSQL's fence check waits for.
 func TestGroupGivesUp(t *testing.T) {
 	ctx := context.Background()
-	url, db := registrytest.NewDatabase(t, pgtest.ForTest(t))
-	r, err := Open(ctx, url, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	if _, err := r.TakeFence(ctx, "test"); err != nil {
-		t.Fatal(err)
-	}
+	r, db := fencedPostgres(t)
 	record := func(uid string) Record {
 		return Record{UID: uid, Namespace: "default", Name: uid, StudentName: "张三", School: "深圳中学",
 			Owner: "test", Generation: 1, DeletionPolicy: PolicyDelete}
@@ -513,17 +494,7 @@ func TestGroupGivesUp(t *testing.T) {
 				}{uid, result{err, took}}
 			}()
 		}
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			r.pendingMu.Lock()
-			n := len(r.pending)
-			r.pendingMu.Unlock()
-			if n == len(waits) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d writes waiting after 10 s", n, len(waits))
-			}
-		}
+		waitPending(t, r, len(waits))
 		<-r.writer
 		during()
 		got := map[string]result{}
@@ -583,20 +554,46 @@ func TestGroupGivesUp(t *testing.T) {
 // writes wait: the lease would run out under a live controller.
 func TestRenewalTakesNoTurn(t *testing.T) {
 	ctx := context.Background()
-	url, _ := registrytest.NewDatabase(t, pgtest.ForTest(t))
-	r, err := Open(ctx, url, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	if _, err := r.TakeFence(ctx, "test"); err != nil {
-		t.Fatal(err)
-	}
+	r, _ := fencedPostgres(t)
 	r.writer <- struct{}{} // a group holds the turn
 	defer func() { <-r.writer }()
 	short, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := r.RenewFence(short); err != nil {
 		t.Fatalf("RenewFence while a group holds the turn: %v", err)
+	}
+}
+
+// fencedPostgres opens a registry on a database of a PostgreSQL server of the test's
+// own, holding owner "test"'s fence, and returns it with a connection to the database
+// as another program would have.
+func fencedPostgres(t *testing.T) (*Registry, *sql.DB) {
+	t.Helper()
+	ctx := context.Background()
+	url, db := registrytest.NewDatabase(t, pgtest.ForTest(t))
+	r, err := Open(ctx, url, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	if _, err := r.TakeFence(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	return r, db
+}
+
+// waitPending waits until n writes wait for r's turn, which the test holds.
+func waitPending(t *testing.T, r *Registry, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		r.pendingMu.Lock()
+		waiting := len(r.pending)
+		r.pendingMu.Unlock()
+		if waiting == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d writes waiting after 10 s", waiting, n)
+		}
 	}
 }
