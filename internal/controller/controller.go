@@ -90,8 +90,9 @@ type Config struct {
 	// ahead makes its Student not Ready instead, since so many rows ahead looks like a
 	// cloned cluster writing to production's registry. 0 means 100.
 	MaxRewinds int
-	// SyncTimeout bounds one sync, registry and API calls included. It also bounds the
-	// drain on shutdown: work in flight finishes, within this time.
+	// SyncTimeout bounds one sync, registry and API calls included (a registry write
+	// that shares its transaction waits for it to end: up to this long again). It also
+	// bounds the drain on shutdown: work in flight finishes, within this time.
 	SyncTimeout time.Duration
 	// RateLimiter spaces retries; DefaultRateLimiter when nil.
 	RateLimiter workqueue.TypedRateLimiter[string]

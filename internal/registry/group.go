@@ -26,6 +26,12 @@ import (
 // hold the lock for long: the rest go in the next.
 const maxGroup = 64
 
+// groupLockWait bounds how long a statement of a group waits for another session's
+// row lock, on PostgreSQL (SQLite's busy timeout does that there): past it the write
+// fails alone, in its savepoint, rather than hold the turn, and every write behind
+// it, for as long as its group's writes may wait.
+const groupLockWait = 5 * time.Second
+
 // errGroupAborted is the outcome of a write whose transaction ended before it was
 // known to have committed (a panic in it): it was not written.
 var errGroupAborted = errors.New("the write's transaction was abandoned before it committed")
@@ -46,8 +52,9 @@ type pendingWrite struct {
 // stamped at, in a transaction that ends with the write fence's check while this
 // registry holds a fence: rolled back with ErrFenced when another controller has taken
 // the owner's fence since. It waits for its turn (but when read-only) and may share the
-// transaction with other writes of this process; it gives up with ctx only while it
-// has not started.
+// transaction with other writes of this process. It gives up with ctx while it waits
+// for the turn; once in a transaction it waits for that to end, which it does once
+// committed or once every write in it has given up.
 func (r *Registry) write(ctx context.Context, at time.Time, fn writeFunc) error {
 	w := &pendingWrite{ctx: ctx, at: at, fn: fn, done: make(chan error, 1)}
 	if r.writer == nil {
@@ -170,6 +177,10 @@ func (r *Registry) commit(ctx context.Context, group []*pendingWrite) {
 		return
 	}
 	defer func() { _ = tx.Rollback() }()
+	if err := limitLockWait(ctx, tx, r.dialect, groupLockWait); err != nil {
+		abandon(0, err)
+		return
+	}
 	in := func(s *sql.Stmt) *sql.Stmt { return tx.StmtContext(ctx, s) }
 	shared := len(group) > 1
 	for i, w := range group {

@@ -166,9 +166,9 @@ type Registry struct {
 	// suffix, new in each process. lease is Options.LeaseDuration.
 	holder string
 	lease  time.Duration
-	// writer is this process's one turn to write, taken before a write transaction
-	// begins (nil when read-only). With it, the writes waiting for the turn go in one
-	// transaction (group.go). SQLite has one writer at a time whatever this does;
+	// writer is this process's one turn to write, taken before a group's transaction
+	// begins (nil when read-only; turn says who else takes it). With it, the writes
+	// waiting for the turn go in one transaction (group.go). SQLite has one writer at a time whatever this does;
 	// without it the controller's workers wait for one another inside SQLite's busy
 	// handler, which polls with growing sleeps (1 ms up to 100 ms) and leaves the lock
 	// idle between a commit and the next waiter's wake-up. On PostgreSQL every fenced

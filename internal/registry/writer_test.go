@@ -449,13 +449,14 @@ func TestGroupGivesUp(t *testing.T) {
 		return Record{UID: uid, Namespace: "default", Name: uid, StudentName: "张三", School: "深圳中学",
 			Owner: "test", Generation: 1, DeletionPolicy: PolicyDelete}
 	}
-	lock := func() (release func()) {
+	// lock locks the fence's row from another session, or the rows query selects.
+	lock := func(query ...string) (release func()) {
 		t.Helper()
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.ExecContext(ctx, `SELECT token FROM fences WHERE owner = 'test' FOR UPDATE`); err != nil {
+		if _, err := tx.ExecContext(ctx, append(query, `SELECT token FROM fences WHERE owner = 'test' FOR UPDATE`)[0]); err != nil {
 			t.Fatal(err)
 		}
 		var once sync.Once
@@ -518,11 +519,12 @@ func TestGroupGivesUp(t *testing.T) {
 		}
 	}
 
-	// Two writes in one group that both give up, after 500 ms and 1 s, while the lock
-	// stays for 20 s: the transaction ends, neither is written.
+	// Two writes in one group that both give up, after 2 and 3 s, while the lock stays
+	// for 20 s: the transaction ends, neither is written.
 	release = lock()
 	time.AfterFunc(20*time.Second, release)
-	for uid, got := range inGroup(map[string]time.Duration{"both-a": 500 * time.Millisecond, "both-b": time.Second}, func() {}) {
+	transactions := r.transactions.Load()
+	for uid, got := range inGroup(map[string]time.Duration{"both-a": 2 * time.Second, "both-b": 3 * time.Second}, func() {}) {
 		if got.err == nil || got.took > 10*time.Second {
 			t.Errorf("the write of %s, in a group whose writes all gave up: %v after %v, want an error within 10 s", uid, got.err, got.took)
 		}
@@ -530,7 +532,24 @@ func TestGroupGivesUp(t *testing.T) {
 			t.Errorf("Get %s: %v, want ErrNotFound", uid, err)
 		}
 	}
+	if n := r.transactions.Load() - transactions; n != 1 {
+		t.Errorf("the writes that both gave up took %d transactions, want 1", n)
+	}
 	release()
+
+	// A row locked by another session for 40 s holds up one write of a group: that
+	// write fails once it has waited groupLockWait for the lock, and the other lands,
+	// long before either gives up.
+	release = lock(`SELECT uid FROM students WHERE uid = 'short' FOR UPDATE`)
+	time.AfterFunc(40*time.Second, release)
+	results := inGroup(map[string]time.Duration{"short": 30 * time.Second, "free": 30 * time.Second}, func() {})
+	release()
+	if got := results["short"]; got.err == nil || !strings.Contains(got.err.Error(), "lock timeout") || got.took > groupLockWait+10*time.Second {
+		t.Errorf("the write of the locked row: %v after %v, want a lock timeout within %v", got.err, got.took, groupLockWait+10*time.Second)
+	}
+	if got := results["free"]; got.err != nil || got.took > groupLockWait+10*time.Second {
+		t.Errorf("the write beside it: %v after %v, want it written within %v", got.err, got.took, groupLockWait+10*time.Second)
+	}
 
 	// A write alone that gives up after 500 ms: its transaction ends then, though the
 	// lock stays for 20 s, and the next write takes the turn.
