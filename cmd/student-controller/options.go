@@ -35,6 +35,7 @@ type options struct {
 	sweepMaxDeletions       int
 	maxRewinds              int
 	fenceLease              time.Duration
+	lockWait                time.Duration
 	sweepMaxDeletionPercent int
 	historyRetention        time.Duration
 	sqliteShared            bool
@@ -99,6 +100,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxRewinds, "registry-max-rewinds", 100,
 		"Rows found at a newer generation than their Students (after an etcd restore) that the controller takes back to its Students from its start; "+
 			"past it such a row makes its Student not Ready (reason RegistryAhead), since so many looks like a cloned cluster sharing production's registry.")
+	fs.DurationVar(&o.lockWait, "registry-lock-wait", registry.DefaultLockWait,
+		"Longest a registry write waits for a row that another session has locked (PostgreSQL), before it fails and is tried again; "+
+			"the writes that share its transaction do not wait for it longer.")
 	fs.DurationVar(&o.fenceLease, "registry-fence-lease", registry.DefaultLeaseDuration,
 		"How long the registry's write fence for the owner stays this controller's without a renewal (renewed every third of it, in the registry's clock). "+
 			"Another controller of the same owner (a cloned cluster, a second install) waits while it runs; a crashed holder's fence is taken over after it, "+
@@ -222,6 +226,9 @@ func (o *options) validate() error {
 	}
 	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 || o.historyRetention < 0 {
 		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions, --resync-period and --history-retention must not be negative"))
+	}
+	if o.lockWait <= 0 {
+		errs = append(errs, fmt.Errorf("--registry-lock-wait must be positive, got %v", o.lockWait))
 	}
 	if o.fenceLease < time.Second {
 		errs = append(errs, fmt.Errorf("--registry-fence-lease must be at least 1s, got %v", o.fenceLease))

@@ -63,6 +63,7 @@ func TestValidate(t *testing.T) {
 		"a user and no password in the URL": {args: []string{"--registry=postgres://u@db/s"}},
 		"a password parameter in the URL":   {args: []string{"--registry=postgres://u@db/s?PassWord=x"}, want: "--registry holds a password"},
 		"password file for sqlite":          {args: []string{"--registry-password-file=/p"}, want: "SQLite takes no password"},
+		"no lock wait":                      {args: []string{"--registry-lock-wait=0"}, want: "--registry-lock-wait must be positive"},
 		"shared file without sqlite":        {args: []string{"--registry=postgres://u@db/s", "--leader-elect", "--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
 		"shared file without election":      {args: []string{"--sqlite-shared-file"}, want: "--sqlite-shared-file is for"},
 		"secure metrics, no metrics":        {args: []string{"--metrics-secure", "--metrics-bind-address=0"}, want: "no metrics endpoint to secure"},

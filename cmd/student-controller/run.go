@@ -246,6 +246,7 @@ func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (r
 		MaxIdleConns:    opts.maxIdleConns,
 		ConnMaxLifetime: opts.connMaxLifetime,
 		LeaseDuration:   opts.fenceLease,
+		LockWait:        opts.lockWait,
 	})
 	switch {
 	case err != nil || r == nil:

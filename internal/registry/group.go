@@ -26,11 +26,11 @@ import (
 // hold the lock for long: the rest go in the next.
 const maxGroup = 64
 
-// groupLockWait bounds how long a statement of a group waits for another session's
-// row lock, on PostgreSQL (SQLite's busy timeout does that there): past it the write
-// fails alone, in its savepoint, rather than hold the turn, and every write behind
-// it, for as long as its group's writes may wait.
-const groupLockWait = 5 * time.Second
+// DefaultLockWait bounds how long a statement of a group waits for another session's
+// row lock, on PostgreSQL (SQLite's busy timeout does that there), when Options leave
+// it to the registry: past it the write fails alone, in its savepoint, rather than
+// hold the turn, and every write behind it, for as long as its group's writes may wait.
+const DefaultLockWait = 5 * time.Second
 
 // errGroupAborted is the outcome of a write whose transaction ended before it was
 // known to have committed (a panic in it): it was not written.
@@ -177,7 +177,7 @@ func (r *Registry) commit(ctx context.Context, group []*pendingWrite) {
 		return
 	}
 	defer func() { _ = tx.Rollback() }()
-	if err := limitLockWait(ctx, tx, r.dialect, groupLockWait); err != nil {
+	if err := limitLockWait(ctx, tx, r.dialect, r.lockWait); err != nil {
 		abandon(0, err)
 		return
 	}

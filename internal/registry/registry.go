@@ -112,6 +112,10 @@ type Options struct {
 	// MigrationLockTimeout bounds each lock a migration waits for on PostgreSQL
 	// (default 10 seconds); Open then fails, and its caller retries.
 	MigrationLockTimeout time.Duration
+	// LockWait bounds how long a write waits for a row lock another session holds, on
+	// PostgreSQL (DefaultLockWait when zero): past it the write fails alone and its
+	// caller retries, rather than hold up the writes that share its transaction.
+	LockWait time.Duration
 	// Actor names the writer in the history rows it writes (the controller's Pod, or
 	// its host); the host name when empty.
 	Actor string
@@ -166,6 +170,8 @@ type Registry struct {
 	// suffix, new in each process. lease is Options.LeaseDuration.
 	holder string
 	lease  time.Duration
+	// lockWait is Options.LockWait.
+	lockWait time.Duration
 	// writer is this process's one turn to write, taken before a group's transaction
 	// begins (nil when read-only; turn says who else takes it). With it, the writes
 	// waiting for the turn go in one transaction (group.go). SQLite has one writer at a time whatever this does;
@@ -280,7 +286,7 @@ func OpenURL(ctx context.Context, u URL, opts Options) (*Registry, error) {
 	db.SetMaxIdleConns(cmp.Or(opts.MaxIdleConns, src.dialect.maxIdleConns))
 	db.SetConnMaxLifetime(cmp.Or(opts.ConnMaxLifetime, 30*time.Minute))
 	r := &Registry{db: db, dialect: src.dialect, display: src.display, now: opts.Now, actor: opts.Actor,
-		lease: cmp.Or(opts.LeaseDuration, DefaultLeaseDuration)}
+		lease: cmp.Or(opts.LeaseDuration, DefaultLeaseDuration), lockWait: cmp.Or(opts.LockWait, DefaultLockWait)}
 	if !opts.ReadOnly {
 		r.writer = make(chan struct{}, 1)
 	}

@@ -538,17 +538,17 @@ func TestGroupGivesUp(t *testing.T) {
 	release()
 
 	// A row locked by another session for 40 s holds up one write of a group: that
-	// write fails once it has waited groupLockWait for the lock, and the other lands,
+	// write fails once it has waited DefaultLockWait for the lock, and the other lands,
 	// long before either gives up.
 	release = lock(`SELECT uid FROM students WHERE uid = 'short' FOR UPDATE`)
 	time.AfterFunc(40*time.Second, release)
 	results := inGroup(map[string]time.Duration{"short": 30 * time.Second, "free": 30 * time.Second}, func() {})
 	release()
-	if got := results["short"]; got.err == nil || !strings.Contains(got.err.Error(), "lock timeout") || got.took > groupLockWait+10*time.Second {
-		t.Errorf("the write of the locked row: %v after %v, want a lock timeout within %v", got.err, got.took, groupLockWait+10*time.Second)
+	if got := results["short"]; got.err == nil || !strings.Contains(got.err.Error(), "lock timeout") || got.took > DefaultLockWait+10*time.Second {
+		t.Errorf("the write of the locked row: %v after %v, want a lock timeout within %v", got.err, got.took, DefaultLockWait+10*time.Second)
 	}
-	if got := results["free"]; got.err != nil || got.took > groupLockWait+10*time.Second {
-		t.Errorf("the write beside it: %v after %v, want it written within %v", got.err, got.took, groupLockWait+10*time.Second)
+	if got := results["free"]; got.err != nil || got.took > DefaultLockWait+10*time.Second {
+		t.Errorf("the write beside it: %v after %v, want it written within %v", got.err, got.took, DefaultLockWait+10*time.Second)
 	}
 
 	// A write alone that gives up after 500 ms: its transaction ends then, though the

@@ -38,7 +38,7 @@ func TestFencedWrite(t *testing.T) {
 		"--registry", url, "--registry-owner", owner,
 		"--leader-elect", "--leader-elect-namespace", ns,
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
-		"--sync-timeout=2m", // the blocked write must outlast the takeover
+		"--sync-timeout=2m", "--registry-lock-wait=2m", // the blocked write must outlast the takeover
 	}
 	args = append(args, password...)
 	a, b := startReplicas(t, ns, args)
