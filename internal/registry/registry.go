@@ -174,13 +174,13 @@ type Registry struct {
 	lockWait time.Duration
 	// writer is this process's one turn to write, taken before a group's transaction
 	// begins (nil when read-only; turn says who else takes it). With it, the writes
-	// waiting for the turn go in one transaction (group.go). SQLite has one writer at a time whatever this does;
-	// without it the controller's workers wait for one another inside SQLite's busy
-	// handler, which polls with growing sleeps (1 ms up to 100 ms) and leaves the lock
-	// idle between a commit and the next waiter's wake-up. On PostgreSQL every fenced
-	// write ends by locking the fence's row until it commits, so the writes of one
-	// owner commit one at a time there too: in a group, one lock and one commit serve
-	// them all.
+	// waiting for the turn go in one transaction (group.go). SQLite has one writer at a
+	// time whatever this does; without it the controller's workers wait for one
+	// another inside SQLite's busy handler, which polls with growing sleeps (1 ms up to
+	// 100 ms) and leaves the lock idle between a commit and the next waiter's wake-up.
+	// On PostgreSQL every fenced write ends by locking the fence's row until it
+	// commits, so the writes of one owner commit one at a time there too: in a group,
+	// one lock and one commit serve them all.
 	writer chan struct{}
 	// pending are the writes waiting for the turn.
 	pendingMu sync.Mutex
