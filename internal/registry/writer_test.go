@@ -279,28 +279,6 @@ func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 	}
 	historyBefore := history()
 
-	// group holds the turn until every write is waiting, so that the one that takes it
-	// next writes them all, and returns each write's error by its uid.
-	group := func(writes map[string]func() error) map[string]error {
-		t.Helper()
-		r.writer <- struct{}{}
-		var mu sync.Mutex
-		got := map[string]error{}
-		var wg sync.WaitGroup
-		for uid, write := range writes {
-			wg.Go(func() {
-				err := write()
-				mu.Lock()
-				got[uid] = err
-				mu.Unlock()
-			})
-		}
-		waitPending(t, r, len(writes))
-		<-r.writer
-		wg.Wait()
-		return got
-	}
-
 	upsert := func(rec Record) func() error {
 		return func() error { _, err := r.Upsert(ctx, rec, Why{Cause: "test"}); return err }
 	}
@@ -308,7 +286,7 @@ func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 		return func() error { _, err := r.Insert(ctx, rec, "test"); return err }
 	}
 	transactions := r.transactions.Load()
-	got := group(map[string]func() error{
+	got := together(t, r, map[string]func() error{
 		"a":      upsert(record("a", "test", 1)),
 		"b":      upsert(record("b", "test", 1)),
 		"theirs": upsert(record("theirs", "test", 2)),
@@ -365,7 +343,7 @@ func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 		return func() { exec(`DROP TRIGGER `+name+` ON student_history`, `DROP FUNCTION `+name+`()`) }
 	}
 	drop := trigger("poison", "poison", `SELECT RAISE(ABORT, 'poisoned history')`, `RAISE EXCEPTION 'poisoned history'`)
-	got = group(map[string]func() error{"f": upsert(record("f", "test", 1)), "poison": upsert(record("poison", "test", 1)), "g": upsert(record("g", "test", 1))})
+	got = together(t, r, map[string]func() error{"f": upsert(record("f", "test", 1)), "poison": upsert(record("poison", "test", 1)), "g": upsert(record("g", "test", 1))})
 	drop()
 	if err := got["poison"]; err == nil || !strings.Contains(err.Error(), "poisoned history") {
 		t.Errorf("the write whose history failed: %v, want the trigger's error", err)
@@ -383,7 +361,7 @@ func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 	// full disk would; PostgreSQL's session ended under it, as a lost connection would)
 	// fails every write of the group: none is written, none is told it was.
 	drop = trigger("doom", "doom", `SELECT RAISE(ROLLBACK, 'doomed')`, `PERFORM pg_terminate_backend(pg_backend_pid())`)
-	got = group(map[string]func() error{"h": upsert(record("h", "test", 1)), "doom": upsert(record("doom", "test", 1)), "i": upsert(record("i", "test", 1))})
+	got = together(t, r, map[string]func() error{"h": upsert(record("h", "test", 1)), "doom": upsert(record("doom", "test", 1)), "i": upsert(record("i", "test", 1))})
 	drop()
 	for _, uid := range []string{"h", "doom", "i"} {
 		if got[uid] == nil {
@@ -401,7 +379,7 @@ func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 		many[uid] = upsert(record(uid, "test", 1))
 	}
 	transactions = r.transactions.Load()
-	for uid, err := range group(many) {
+	for uid, err := range together(t, r, many) {
 		if err != nil {
 			t.Errorf("write %s of a long line: %v", uid, err)
 		}
@@ -424,7 +402,7 @@ func testGroupCommit(t *testing.T, url string, _ *sql.DB) {
 		t.Fatal(err)
 	}
 	historyBefore = history()
-	got = group(map[string]func() error{"d": upsert(record("d", "test", 1)), "e": upsert(record("e", "test", 1))})
+	got = together(t, r, map[string]func() error{"d": upsert(record("d", "test", 1)), "e": upsert(record("e", "test", 1))})
 	for _, uid := range []string{"d", "e"} {
 		if !errors.Is(got[uid], ErrFenced) {
 			t.Errorf("the fenced write of %s: %v, want ErrFenced", uid, got[uid])
@@ -477,31 +455,24 @@ func TestGroupGivesUp(t *testing.T) {
 		err  error
 		took time.Duration
 	}
-	// inGroup writes each uid in one group, each while it may wait its time, and
-	// calls during once they all wait for the transaction.
-	inGroup := func(waits map[string]time.Duration, during func()) map[string]result {
+	// inGroup writes each uid in one group, each while it may wait its time.
+	inGroup := func(waits map[string]time.Duration) map[string]result {
 		t.Helper()
-		r.writer <- struct{}{}
-		results := make(chan struct {
-			uid string
-			result
-		}, len(waits))
+		var mu sync.Mutex
+		took := map[string]time.Duration{}
+		writes := map[string]func() error{}
 		for uid, wait := range waits {
-			go func() {
-				took, err := upsertWithin(uid, wait)
-				results <- struct {
-					uid string
-					result
-				}{uid, result{err, took}}
-			}()
+			writes[uid] = func() error {
+				d, err := upsertWithin(uid, wait)
+				mu.Lock()
+				took[uid] = d
+				mu.Unlock()
+				return err
+			}
 		}
-		waitPending(t, r, len(waits))
-		<-r.writer
-		during()
 		got := map[string]result{}
-		for range waits {
-			res := <-results
-			got[res.uid] = res.result
+		for uid, err := range together(t, r, writes) {
+			got[uid] = result{err, took[uid]}
 		}
 		return got
 	}
@@ -509,8 +480,8 @@ func TestGroupGivesUp(t *testing.T) {
 	// Two writes in one group; one gives up after 2 s, the other may wait 30 s. The
 	// lock goes after 5 s: the transaction was still running, and both land.
 	release := lock()
-	for uid, got := range inGroup(map[string]time.Duration{"short": 2 * time.Second, "long": 30 * time.Second},
-		func() { time.AfterFunc(5*time.Second, release) }) {
+	time.AfterFunc(5*time.Second, release)
+	for uid, got := range inGroup(map[string]time.Duration{"short": 2 * time.Second, "long": 30 * time.Second}) {
 		if got.err != nil {
 			t.Errorf("the write of %s, in the group that one write still waited for: %v after %v, want it written", uid, got.err, got.took)
 		}
@@ -524,7 +495,7 @@ func TestGroupGivesUp(t *testing.T) {
 	release = lock()
 	time.AfterFunc(20*time.Second, release)
 	transactions := r.transactions.Load()
-	for uid, got := range inGroup(map[string]time.Duration{"both-a": 2 * time.Second, "both-b": 3 * time.Second}, func() {}) {
+	for uid, got := range inGroup(map[string]time.Duration{"both-a": 2 * time.Second, "both-b": 3 * time.Second}) {
 		if got.err == nil || got.took > 10*time.Second {
 			t.Errorf("the write of %s, in a group whose writes all gave up: %v after %v, want an error within 10 s", uid, got.err, got.took)
 		}
@@ -542,7 +513,7 @@ func TestGroupGivesUp(t *testing.T) {
 	// long before either gives up.
 	release = lock(`SELECT uid FROM students WHERE uid = 'short' FOR UPDATE`)
 	time.AfterFunc(40*time.Second, release)
-	results := inGroup(map[string]time.Duration{"short": 30 * time.Second, "free": 30 * time.Second}, func() {})
+	results := inGroup(map[string]time.Duration{"short": 30 * time.Second, "free": 30 * time.Second})
 	release()
 	if got := results["short"]; got.err == nil || !strings.Contains(got.err.Error(), "lock timeout") || got.took > DefaultLockWait+10*time.Second {
 		t.Errorf("the write of the locked row: %v after %v, want a lock timeout within %v", got.err, got.took, DefaultLockWait+10*time.Second)
@@ -599,6 +570,28 @@ func fencedPostgres(t *testing.T) (*Registry, *sql.DB) {
 		t.Fatal(err)
 	}
 	return r, db
+}
+
+// together holds r's turn until every write waits for it, so that the one that takes
+// it next writes them all, and returns each write's error by its key.
+func together(t *testing.T, r *Registry, writes map[string]func() error) map[string]error {
+	t.Helper()
+	r.writer <- struct{}{}
+	var mu sync.Mutex
+	got := map[string]error{}
+	var wg sync.WaitGroup
+	for key, write := range writes {
+		wg.Go(func() {
+			err := write()
+			mu.Lock()
+			got[key] = err
+			mu.Unlock()
+		})
+	}
+	waitPending(t, r, len(writes))
+	<-r.writer
+	wg.Wait()
+	return got
 }
 
 // waitPending waits until n writes wait for r's turn, which the test holds.
