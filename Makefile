@@ -118,35 +118,38 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 
 .PHONY: test
 # Two go tests at once, neither with go test's vet (make verify and make check vet the
-# same code with every analyzer; each go test would compute its facts again). Without
-# the race detector (-p 3: three packages built or run at a time), long suites first:
-# the suites that drive programs (the chaos suite among them), the controller's command
-# (its tests check flags, docs, the built binary and the registry commands) and the test
-# helpers, built as go vet built them (static, -trimpath, the shipped tags), so they
-# link and start at once. With it: the controller's packages, whose unit tests drive its
-# goroutines (workers, group commit, the informer), compiled first in parallel (go list
-# -export; at -p 1 that compile ran 150 s past the rest of a cold run), then tested one
-# at a time. The command's own goroutines (leader election, the lease gate, the servers)
-# run under the race detector only in make chaos, whose controllers are built with it:
-# here that race build took 10 of a cold run's 43 minutes (bench/results/ci-cold.md).
-NORACE_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local ./test/integration ./test/codegen ./test/bench/... \
-	./internal/testenv/... ./cmd/student-controller ./cmd/student-dev/... ./cmd/student-node/...
+# same code with every analyzer; each go test would compute its facts again). With the
+# race detector: the registry, whose unit tests drive the process's own concurrency over
+# the database (group commit, turns, the fence's renewal); its race build is small (72 s
+# of CPU cold), where the controller's packages would compile client-go's tree again
+# with -race (437 s of CPU, 3 to 4 minutes of a cold run's 35: make race runs them).
+# Without it (-p 3: three packages built or run at a time), long suites first: the
+# suites that drive programs (the chaos suite among them), then the rest, built as go
+# vet built them (static, -trimpath, the shipped tags), so they link and start at once.
+# The command's own goroutines (leader election, the lease gate, the servers) run under
+# the race detector in make chaos, whose controllers are built with it.
+LONG_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local ./test/integration ./test/codegen
+RACE_PACKAGES := ./internal/registry
 RACE_TEST := CGO_ENABLED=1 go test -race -vet=off -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS)
 
 test: node helm ## Run every test: unit, integration against the real control plane, the node suite (root), codegen checks.
 	@# The race detector needs cgo on Linux. A suite that timed out or panicked never ran
 	@# its own clean-up: put back what the node suite's node left (clean-node reads the
 	@# record the node keeps).
-	norace="$$(go list $(NORACE_SUITES))"; race="$$(go list ./... | grep -v -x -F -e "$$norace")"; \
-	go test -p 3 -vet=off -trimpath -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $$norace & suites=$$!; \
-	unitrc=0; CGO_ENABLED=1 go list -race -tags $(GO_TAGS) -export -deps -test $$race >/dev/null && \
-		$(RACE_TEST) -p 1 $$race || unitrc=$$?; \
+	long="$$(go list $(LONG_SUITES))"; race="$$(go list $(RACE_PACKAGES))"; \
+	others="$$(go list ./... | grep -v -x -F -e "$$long" -e "$$race")"; \
+	go test -p 3 -vet=off -trimpath -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $$long $$others & suites=$$!; \
+	unitrc=0; $(RACE_TEST) $$race || unitrc=$$?; \
 	rest=0; wait $$suites || rest=$$?; \
 	if (( unitrc || rest )); then \
 		echo "make test: failed (with the race detector: exit $$unitrc; without it: exit $$rest)"; \
 		go run -trimpath ./cmd/student-node clean-node || true; exit 1; \
 	fi
 	cd hack/tools/image && go test -trimpath $(GO_TEST_FLAGS) ./...
+
+.PHONY: race
+race: ## The unit tests of the controller's packages (internal/, pkg/) with the race detector; minutes cold, as it compiles client-go again with -race. No root, no node.
+	$(RACE_TEST) $$(go list ./internal/... ./pkg/... | grep -v /internal/testenv)
 
 .PHONY: check
 check: ## The inner loop, in minutes: go vet and the unit tests of cmd/, internal/ and pkg/ (-short). No root, no node, no control plane; test/ is make test's.

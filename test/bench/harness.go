@@ -26,6 +26,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/freeport"
 	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
@@ -523,7 +524,7 @@ func (h *harness) start(ctx context.Context, c contender, ns string, reg registr
 	p := &process{}
 	for _, addr := range []*string{&p.metricsAddr, &p.probeAddr} {
 		var err error
-		if *addr, err = testenv.FreeAddr(); err != nil {
+		if *addr, err = freeport.Addr(); err != nil {
 			return nil, err
 		}
 	}

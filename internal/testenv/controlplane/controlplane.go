@@ -35,6 +35,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/freeport"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
@@ -161,7 +162,7 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 	ports := make([]int, 3)
 	for i := range ports {
 		var err error
-		if ports[i], err = testenv.FreePort(); err != nil {
+		if ports[i], err = freeport.Get(); err != nil {
 			return err
 		}
 	}

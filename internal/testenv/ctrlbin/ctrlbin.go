@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/freeport"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
@@ -153,7 +154,7 @@ func New(name, bin, log string, args []string, env ...string) (*Controller, erro
 	c := &Controller{}
 	for _, addr := range []*string{&c.MetricsAddr, &c.ProbeAddr} {
 		var err error
-		if *addr, err = testenv.FreeAddr(); err != nil {
+		if *addr, err = freeport.Addr(); err != nil {
 			return nil, err
 		}
 	}

@@ -21,7 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/freeport"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
@@ -300,7 +300,7 @@ func freePorts(k int) ([]int, error) {
 	ports := make([]int, k)
 	for i := range ports {
 		var err error
-		if ports[i], err = testenv.FreePort(); err != nil {
+		if ports[i], err = freeport.Get(); err != nil {
 			return nil, err
 		}
 	}

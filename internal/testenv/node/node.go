@@ -22,8 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
+	"github.com/student-controller/student-controller/internal/testenv/freeport"
 	"github.com/student-controller/student-controller/internal/testenv/proc"
 )
 
@@ -307,7 +307,7 @@ func (n *Node) startRegistry(ctx context.Context) (string, error) {
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build hack/tools/image: %v\n%s", err, out)
 	}
-	port, err := testenv.FreePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return "", err
 	}

@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/student-controller/student-controller/internal/testenv"
+	"github.com/student-controller/student-controller/internal/testenv/freeport"
 )
 
 // Password is the superuser's password on every test server. Tests assert it never
@@ -86,7 +86,7 @@ func Start(ctx context.Context) (*Server, error) {
 		"--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C.UTF-8").CombinedOutput(); err != nil {
 		return nil, errors.Join(fmt.Errorf("initdb: %v\n%s", err, out), s.cleanup())
 	}
-	if s.port, err = testenv.FreePort(); err != nil {
+	if s.port, err = freeport.Get(); err != nil {
 		return nil, errors.Join(err, s.cleanup())
 	}
 	if err := s.Start(ctx); err != nil {
@@ -281,7 +281,7 @@ func (s *Server) StartStandby(ctx context.Context) (*Server, error) {
 		"-h", s.dir, "-p", strconv.Itoa(s.port), "-U", "postgres").CombinedOutput(); err != nil {
 		return nil, errors.Join(fmt.Errorf("pg_basebackup: %v\n%s", err, out), standby.cleanup())
 	}
-	if standby.port, err = testenv.FreePort(); err != nil {
+	if standby.port, err = freeport.Get(); err != nil {
 		return nil, errors.Join(err, standby.cleanup())
 	}
 	if err := standby.Start(ctx); err != nil {
