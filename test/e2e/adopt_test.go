@@ -27,7 +27,10 @@ import (
 // writes nothing, its sweep deletes nothing; drift made by SQL on 10 rows shows 10
 // Drifted and no write; switching those 10 to Manage writes exactly their rows; an
 // observed Orphan Student deleted keeps its row.
-func TestAdopt(t *testing.T) { registrytest.ForEach(t, pg, testAdopt) }
+func TestAdopt(t *testing.T) {
+	t.Parallel()
+	registrytest.ForEach(t, pg, testAdopt)
+}
 
 func testAdopt(t *testing.T, b registrytest.Backend) {
 	ctx := context.Background()

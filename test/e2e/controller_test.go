@@ -135,7 +135,10 @@ func assertRowsMatch(t *testing.T, db *sql.DB, items []studentv1.Student) {
 
 // TestConvergeUpdateRestart: 100 Students converge within the write budget, an update
 // reaches its row, and a restarted controller over synced Students writes nothing.
-func TestConvergeUpdateRestart(t *testing.T) { registrytest.ForEach(t, pg, testConvergeUpdateRestart) }
+func TestConvergeUpdateRestart(t *testing.T) {
+	t.Parallel()
+	registrytest.ForEach(t, pg, testConvergeUpdateRestart)
+}
 
 func testConvergeUpdateRestart(t *testing.T, b registrytest.Backend) {
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
@@ -343,7 +346,10 @@ func testSweepRepairsDrift(t *testing.T, b registrytest.Backend) {
 // file's write lock; PostgreSQL: the server is stopped for 20 s), Students report Ready=False
 // with a clear reason and a deleted Student stays Terminating; once it is back,
 // everything converges and the rows match the live Students exactly.
-func TestRegistryOutage(t *testing.T) { registrytest.ForEach(t, pg, testRegistryOutage) }
+func TestRegistryOutage(t *testing.T) {
+	t.Parallel()
+	registrytest.ForEach(t, pgtest.ForTest(t), testRegistryOutage) // its outage stops the server
+}
 
 func testRegistryOutage(t *testing.T, b registrytest.Backend) {
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")

@@ -1,4 +1,11 @@
 // Package e2e runs the Student controller against a real control plane (etcd,
 // kube-apiserver, kube-controller-manager) and a real registry, and checks the state of
 // the world it leaves.
+//
+// A test that shares nothing but the control plane and the PostgreSQL server (its own
+// namespaces, its own database or SQLite file, or a control plane or server of its own)
+// calls t.Parallel: go test runs those after the serial ones, two at a time on two
+// cores. The serial tests change what the others share (the admission policy, the CRD,
+// the shared server's state) or time Leases in seconds, which a busy machine would
+// stretch.
 package e2e

@@ -77,6 +77,7 @@ func (r *replicatedRegistry) waitReplicated(t *testing.T, n int) {
 // read-only under the controller's open connections (SQLSTATE 25006: they are dropped,
 // rather than failing every write until their lifetime ends).
 func TestPostgresFailover(t *testing.T) {
+	t.Parallel()
 	// A controller on both hosts, and five Students written and replicated.
 	setUp := func(t *testing.T) (*replicatedRegistry, string) {
 		ns := testenv.Namespace(t, kubeClient(), "e2e-")

@@ -26,6 +26,7 @@ import (
 // 65532 with the binary as entry point and nothing else in it (no shell); and the
 // binary taken out of it runs the controller against the local control plane.
 func TestImage(t *testing.T) {
+	t.Parallel()
 	var digests []string
 	var layouts []string
 	for range 2 {

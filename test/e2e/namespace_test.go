@@ -19,7 +19,10 @@ import (
 // mixed) finishes, as in a cluster: kube-controller-manager's namespace controller
 // deletes the Students, the controller lets each go with its row deleted or released,
 // and nothing is left Terminating.
-func TestNamespaceDeletion(t *testing.T) { registrytest.ForEach(t, pg, testNamespaceDeletion) }
+func TestNamespaceDeletion(t *testing.T) {
+	t.Parallel()
+	registrytest.ForEach(t, pg, testNamespaceDeletion)
+}
 
 func testNamespaceDeletion(t *testing.T, b registrytest.Backend) {
 	const n = 50

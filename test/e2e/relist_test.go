@@ -40,6 +40,7 @@ import (
 // every second. The controller's connection is cut by its own transport: running
 // watches are closed and new ones refused until the test lets them through.
 func TestRelist(t *testing.T) {
+	t.Parallel()
 	cp := controlplane.ForTest(t, controlplane.Options{APIServerFlags: map[string]string{
 		"watch-cache":              "false",
 		"etcd-compaction-interval": "1s",

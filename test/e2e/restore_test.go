@@ -235,6 +235,7 @@ func copyDir(t *testing.T, from, to string) {
 // are, the rows of the Students deleted since go by the policy they record (the sweep,
 // within its bounds), and the row that did not change is not written.
 func TestBackupDrill(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	client := students(ns)

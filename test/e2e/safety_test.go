@@ -18,6 +18,7 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -29,6 +30,7 @@ import (
 // row stays. After the explicit move the first cluster's controller is the one that
 // refuses.
 func TestWrongClusterDeletesNothing(t *testing.T) {
+	t.Parallel()
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	path := filepath.Join(t.TempDir(), "registry.db")
 	db := registrytest.OpenSQLite(t, path)
@@ -274,16 +276,18 @@ func TestRenameOwner(t *testing.T) {
 // crash-loop: its probes answer at once (alive, not ready) and it keeps trying; once
 // the server is up it opens the registry, becomes ready and syncs.
 func TestStartsBeforeTheRegistry(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
-	url, db := registrytest.PostgresBackend(pg).New(t)
-	if err := pg.Stop(ctx); err != nil {
+	server := pgtest.ForTest(t) // a server of its own: it is stopped below
+	url, db := registrytest.PostgresBackend(server).New(t)
+	if err := server.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted := false
 	defer func() {
 		if !restarted {
-			_ = pg.Start(ctx)
+			_ = server.Start(ctx)
 		}
 	}()
 	url, password := registrytest.ForProcess(t, url)
@@ -302,7 +306,7 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 	if code, body, err := get("http://" + p.ProbeAddr + "/readyz"); err != nil || code != 503 {
 		t.Errorf("/readyz with the registry down: %d %q %v, want 503", code, body, err)
 	}
-	if err := pg.Start(ctx); err != nil {
+	if err := server.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted = true
@@ -320,6 +324,7 @@ func TestStartsBeforeTheRegistry(t *testing.T) {
 // no controller would ever remove (it would stay Terminating, and its namespace with
 // it).
 func TestAdmissionPolicyScoped(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cp := controlplane.ForTest(t, controlplane.Options{WithoutAdmissionPolicy: true})
 	kube := kubernetes.NewForConfigOrDie(cp.Config)

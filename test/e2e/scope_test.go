@@ -22,7 +22,10 @@ import (
 // stays as created), and gets no row; the sweep leaves the row of a Student that left
 // the scope (relabeled), and plan with the same flags finds nothing to do. Back in
 // scope, the Student is synced and its deletion lets its row go.
-func TestScope(t *testing.T) { registrytest.ForEach(t, pg, testScope) }
+func TestScope(t *testing.T) {
+	t.Parallel()
+	registrytest.ForEach(t, pg, testScope)
+}
 
 func testScope(t *testing.T, b registrytest.Backend) {
 	ctx := context.Background()

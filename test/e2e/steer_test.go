@@ -59,6 +59,7 @@ func pauseStudent(t *testing.T, client versioned.Interface, ns, name string, pau
 // row that nothing else would (no sweep, no resync) within seconds, and status records
 // it as handled.
 func TestPauseAndReconcileRequest(t *testing.T) {
+	t.Parallel()
 	registrytest.ForEach(t, pg, testPauseAndReconcileRequest)
 }
 

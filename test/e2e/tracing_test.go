@@ -28,6 +28,7 @@ import (
 // tracing exports to the same collector, continues it: its spans of the status write,
 // down to the etcd transaction, are in the same trace.
 func TestTracing(t *testing.T) {
+	t.Parallel()
 	collector := otlptest.Start(t)
 	config := filepath.Join(t.TempDir(), "tracing.yaml")
 	// Rate 0: kube-apiserver samples only the requests whose caller sampled.
