@@ -148,7 +148,7 @@ test: node helm ## Run every test: unit, integration against the real control pl
 	cd hack/tools/image && go test -trimpath $(GO_TEST_FLAGS) ./...
 
 .PHONY: race
-race: ## The unit tests of the controller's packages (internal/, pkg/) with the race detector; minutes cold, as it compiles client-go again with -race. No root, no node.
+race: packages ## The unit tests of the controller's packages (internal/ but its test helpers, pkg/) with the race detector; minutes cold, as it compiles client-go again with -race. No node.
 	$(RACE_TEST) $$(go list ./internal/... ./pkg/... | grep -v /internal/testenv)
 
 .PHONY: check

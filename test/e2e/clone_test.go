@@ -29,7 +29,7 @@ import (
 // (killed: after the fence's lease runs out), the clone's takes over; a controller
 // that stops gracefully hands the fence over at once.
 func TestClone(t *testing.T) {
-	t.Parallel() // a control plane of its own: runs after the serial tests, beside TestEtcdRestore
+	t.Parallel() // a control plane of its own
 	ctx := context.Background()
 	prod := controlplane.ForTest(t, controlplane.Options{WithoutControllerManager: true})
 	const ns = "clone"

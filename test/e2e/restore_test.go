@@ -34,7 +34,7 @@ import (
 // deletion of an Orphan Student finishes with its row released, a spec change after
 // the restore reaches its row, and a Delete Student's deletion deletes it.
 func TestEtcdRestore(t *testing.T) {
-	t.Parallel() // a control plane of its own: runs after the serial tests, beside TestClone
+	t.Parallel() // a control plane of its own
 	ctx := context.Background()
 	cp := controlplane.ForTest(t, controlplane.Options{WithoutControllerManager: true})
 	kube := kubernetes.NewForConfigOrDie(cp.Config)

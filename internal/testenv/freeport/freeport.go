@@ -70,17 +70,23 @@ var portLocks struct {
 // holds it. Where the file cannot be opened it says true: the ports are then picked as
 // if by one process alone.
 func lockPort(port int) bool {
+	f := lockFile()
+	if f == nil {
+		return true
+	}
+	lock := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart, Start: int64(port), Len: 1}
+	return syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &lock) == nil
+}
+
+// lockFile is portLocks' file, opened on first use; nil where it cannot be opened.
+func lockFile() *os.File {
 	portLocks.once.Do(func() {
 		f, err := os.OpenFile(filepath.Join(os.TempDir(), "student-controller-test-ports.lock"), os.O_RDWR|os.O_CREATE, 0o600)
 		if err == nil {
 			portLocks.f = f
 		}
 	})
-	if portLocks.f == nil {
-		return true
-	}
-	lock := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart, Start: int64(port), Len: 1}
-	return syscall.FcntlFlock(portLocks.f.Fd(), syscall.F_SETLK, &lock) == nil
+	return portLocks.f
 }
 
 // kernelPort is a port that the kernel picked for a listener, free a moment ago.
@@ -93,7 +99,7 @@ func kernelPort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// The ports Get picks from (variables for TestFreeAcrossProcesses).
+// The ports Get picks from (variables for TestGetAcrossProcesses).
 var portsFrom, portsTo = 20000, 29999
 
 var (

@@ -2,11 +2,13 @@ package freeport
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -47,8 +49,7 @@ func TestGetAcrossProcesses(t *testing.T) {
 		}
 		return
 	}
-	first := ephemeralPortsFrom()
-	low := 20000 + rand.IntN(min(first, 30000)-20000-1) // #nosec G404 -- a port, not a secret
+	low := unheldPair(t)
 	portsFrom, portsTo = low, low+1
 	t.Cleanup(func() { portsFrom, portsTo = 20000, 29999 })
 	mine, err := Get()
@@ -66,6 +67,41 @@ func TestGetAcrossProcesses(t *testing.T) {
 	if got, _, _ := strings.Cut(string(out), "PASS"); got != want {
 		t.Errorf("this process took %d; the second one printed:\n%s\nwant:\n%s", mine, got, want)
 	}
+}
+
+// unheldPair picks two neighbouring ports that no process holds: this one has not
+// handed them out (TestGet hands out 200) and no other holds their locks (the other
+// packages of a test run). Either held, and the two processes could not share them.
+func unheldPair(t *testing.T) int {
+	first := ephemeralPortsFrom()
+	for range 1000 {
+		low := 20000 + rand.IntN(min(first, 30000)-20000-1) // #nosec G404 -- a port, not a secret
+		if unheld(t, low) && unheld(t, low+1) {
+			return low
+		}
+	}
+	t.Fatal("no two neighbouring ports that no process holds")
+	return 0
+}
+
+// unheld says whether no process holds port: this one has not handed it out, and
+// portLocks' byte for it could be locked (F_GETLK).
+func unheld(t *testing.T, port int) bool {
+	handedOutMu.Lock()
+	mine := handedOut[port]
+	handedOutMu.Unlock()
+	if mine {
+		return false
+	}
+	f := lockFile()
+	if f == nil {
+		t.Fatal("the ports' lock file cannot be opened")
+	}
+	lock := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart, Start: int64(port), Len: 1}
+	if err := syscall.FcntlFlock(f.Fd(), syscall.F_GETLK, &lock); err != nil {
+		t.Fatal(err)
+	}
+	return lock.Type == syscall.F_UNLCK
 }
 
 func parsePorts(s string) (int, int) {
