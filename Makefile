@@ -122,7 +122,7 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 # race detector: the registry, whose unit tests drive the process's own concurrency over
 # the database (group commit, turns, the fence's renewal); its race build is small (72 s
 # of CPU cold), where the controller's packages would compile client-go's tree again
-# with -race (437 s of CPU, 3 to 4 minutes of a cold run's 35: make race runs them).
+# with -race (437 s: bench/results/ci-cold.md). make race runs those.
 # Without it (-p 3: three packages built or run at a time), long suites first: the
 # suites that drive programs (the chaos suite among them), then the rest, built as go
 # vet built them (static, -trimpath, the shipped tags), so they link and start at once.
