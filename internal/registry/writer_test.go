@@ -427,14 +427,15 @@ func TestGroupGivesUp(t *testing.T) {
 		return Record{UID: uid, Namespace: "default", Name: uid, StudentName: "张三", School: "深圳中学",
 			Owner: "test", Generation: 1, DeletionPolicy: PolicyDelete}
 	}
-	// lock locks the fence's row from another session, or the rows query selects.
-	lock := func(query ...string) (release func()) {
+	// lock locks the rows query selects FOR UPDATE, from another session.
+	const fenceRow = `SELECT token FROM fences WHERE owner = 'test' FOR UPDATE`
+	lock := func(query string) (release func()) {
 		t.Helper()
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.ExecContext(ctx, append(query, `SELECT token FROM fences WHERE owner = 'test' FOR UPDATE`)[0]); err != nil {
+		if _, err := tx.ExecContext(ctx, query); err != nil {
 			t.Fatal(err)
 		}
 		var once sync.Once
@@ -479,7 +480,7 @@ func TestGroupGivesUp(t *testing.T) {
 
 	// Two writes in one group; one gives up after 2 s, the other may wait 30 s. The
 	// lock goes after 5 s: the transaction was still running, and both land.
-	release := lock()
+	release := lock(fenceRow)
 	time.AfterFunc(5*time.Second, release)
 	for uid, got := range inGroup(map[string]time.Duration{"short": 2 * time.Second, "long": 30 * time.Second}) {
 		if got.err != nil {
@@ -492,7 +493,7 @@ func TestGroupGivesUp(t *testing.T) {
 
 	// Two writes in one group that both give up, after 2 and 3 s, while the lock stays
 	// for 20 s: the transaction ends, neither is written.
-	release = lock()
+	release = lock(fenceRow)
 	time.AfterFunc(20*time.Second, release)
 	transactions := r.transactions.Load()
 	for uid, got := range inGroup(map[string]time.Duration{"both-a": 2 * time.Second, "both-b": 3 * time.Second}) {
@@ -524,7 +525,7 @@ func TestGroupGivesUp(t *testing.T) {
 
 	// A write alone that gives up after 500 ms: its transaction ends then, though the
 	// lock stays for 20 s, and the next write takes the turn.
-	release = lock()
+	release = lock(fenceRow)
 	time.AfterFunc(20*time.Second, release)
 	took, err := upsertWithin("alone", 500*time.Millisecond)
 	if err == nil || took > 10*time.Second {
