@@ -128,9 +128,12 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 # vet built them (static, -trimpath, the shipped tags), so they link and start at once.
 # The command's own goroutines (leader election, the lease gate, the servers) run under
 # the race detector in make chaos, whose controllers are built with it.
+# Test binaries are linked without DWARF (-w), which only a debugger reads: each of the
+# 19 links is faster (the e2e suite's, warm: 10.1 s of CPU against 7.0 s).
+TEST_LDFLAGS := -ldflags=-w
 LONG_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local ./test/integration ./test/codegen
 RACE_PACKAGES := ./internal/registry
-RACE_TEST := CGO_ENABLED=1 go test -race -vet=off -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS)
+RACE_TEST := CGO_ENABLED=1 go test -race -vet=off -tags $(GO_TAGS) $(TEST_LDFLAGS) -timeout 30m $(GO_TEST_FLAGS)
 
 test: node helm ## Run every test: unit, integration against the real control plane, the node suite (root), codegen checks.
 	@# The race detector needs cgo on Linux. A suite that timed out or panicked never ran
@@ -138,7 +141,7 @@ test: node helm ## Run every test: unit, integration against the real control pl
 	@# record the node keeps).
 	long="$$(go list $(LONG_SUITES))"; race="$$(go list $(RACE_PACKAGES))"; \
 	others="$$(go list ./... | grep -v -x -F -e "$$long" -e "$$race")"; \
-	go test -p 3 -vet=off -trimpath -tags $(GO_TAGS) -timeout 30m $(GO_TEST_FLAGS) $$long $$others & suites=$$!; \
+	go test -p 3 -vet=off -trimpath -tags $(GO_TAGS) $(TEST_LDFLAGS) -timeout 30m $(GO_TEST_FLAGS) $$long $$others & suites=$$!; \
 	unitrc=0; $(RACE_TEST) $$race || unitrc=$$?; \
 	rest=0; wait $$suites || rest=$$?; \
 	if (( unitrc || rest )); then \
