@@ -128,8 +128,9 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 # vet built them (static, -trimpath, the shipped tags), so they link and start at once.
 # The command's own goroutines (leader election, the lease gate, the servers) run under
 # the race detector in make chaos, whose controllers are built with it.
-# Test binaries are linked without DWARF (-w), which only a debugger reads: each of the
-# 19 links is faster (the e2e suite's, warm: 10.1 s of CPU against 7.0 s).
+# Test binaries are linked without DWARF (-w), which only a debugger reads (the e2e
+# suite's link, warm: 10.1 s of CPU against 7.0 s). An -ldflags in GO_TEST_FLAGS
+# replaces it; one in GOFLAGS is overridden.
 TEST_LDFLAGS := -ldflags=-w
 LONG_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local ./test/integration ./test/codegen
 RACE_PACKAGES := ./internal/registry
