@@ -16,8 +16,10 @@
 #    row of a Student with deletionPolicy Delete and releases (keeps, no longer owned)
 #    each row of one with Orphan, then lets the Student go. Set deletionPolicy: Orphan
 #    first on the Students whose rows you want kept.
-# 2. The CRD is deleted only when no Student is left in the cluster: another
-#    installation's Students keep it.
+# 2. The CRD stays: deleting it deletes every Student of every installation, and any
+#    controller still running would then delete their Delete rows. Delete it by hand
+#    (kubectl delete crd students.bolingcavalry.k8s.io) only once no Student is left
+#    and no controller runs anywhere in the cluster.
 # 3. The controller and the rest are deleted, but for the registry: the SQLite file's
 #    PersistentVolumeClaim stays, with the rows it keeps; delete it yourself once they
 #    are no longer wanted. With kustomize the claim and its namespace are config/registry,
@@ -162,8 +164,8 @@ if crd_exists; then
 	fi
 	left="$(kubectl get "${CRD}" --all-namespaces -o name | wc -l | tr -d ' ')"
 	if [[ "${left}" -eq 0 ]]; then
-		echo "uninstall: deleting the CRD ${CRD}"
-		kubectl delete crd "${CRD}" --wait --timeout="${TIMEOUT}"
+		echo "uninstall: the CRD ${CRD} stays; no Student is left. Deleting it deletes every Student any"
+		echo "uninstall: installation adds later: kubectl delete crd ${CRD}, once no controller runs"
 	else
 		echo "uninstall: ${left} Students outside this installation's scope remain: the CRD ${CRD} stays"
 	fi
@@ -171,8 +173,8 @@ fi
 
 case "${mode}" in
 kustomize)
-	# Everything but the CRD (step 2 decided on it) and the registry's claim and the
-	# namespace that holds it.
+	# Everything but a CRD (were DIR to hold one: step 2) and the registry's claim and
+	# the namespace that holds it.
 	echo "uninstall: deleting what ${dir} installed, but the CRD, the registry's PersistentVolumeClaim and its namespace"
 	awk 'BEGIN { RS = "\n---\n"; ORS = "\n---\n" } !/(^|\n)kind: (CustomResourceDefinition|PersistentVolumeClaim|Namespace)\n/' <<<"${manifests}" |
 		kubectl delete -f - --ignore-not-found --wait --timeout="${TIMEOUT}"

@@ -44,11 +44,17 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	if err != nil {
 		return 1, err
 	}
-	reg, err := openForCommand(ctx, opts, ao.migrate)
+	var reg *registry.Registry
+	release := func() {}
+	if opts.dryRun {
+		reg, err = registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), ReadOnly: true})
+	} else {
+		reg, release, err = openFenced(ctx, opts, ao.migrate)
+	}
 	if err != nil {
 		return 1, err
 	}
-	defer reg.Close()
+	defer func() { release(); _ = reg.Close() }()
 	// Rows are bound to this owner: it must be this cluster's (bound on first use).
 	if opts.dryRun {
 		if b, err := reg.BindingOf(ctx, opts.owner); err == nil && b.Cluster != cluster {

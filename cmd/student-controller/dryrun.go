@@ -28,8 +28,12 @@ func (dryRunRegistry) Rewind(context.Context, registry.Record, int64) (registry.
 	return registry.Record{}, errDryRun
 }
 
-func (dryRunRegistry) Delete(context.Context, string, string, string) (bool, error) {
-	return false, errDryRun
+func (dryRunRegistry) Delete(context.Context, string, string, string) (registry.Outcome, error) {
+	return registry.Absent, errDryRun
+}
+
+func (dryRunRegistry) TakeBack(context.Context, registry.Record, string) (registry.Record, error) {
+	return registry.Record{}, errDryRun
 }
 
 func (dryRunRegistry) Release(context.Context, registry.Record, string) (bool, error) {

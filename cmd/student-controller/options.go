@@ -93,10 +93,10 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.owner, "registry-owner", "student-controller",
 		"Owner mark on the registry rows this controller writes. It never changes or deletes rows with another owner.")
 	fs.DurationVar(&o.sweepInterval, "sweep-interval", 5*time.Minute,
-		"How often to compare the whole registry with the Students, repair drift and delete orphan rows. 0 turns it off: "+
+		"How often to compare the whole registry with the Students, repair drift and release orphan rows. 0 turns it off: "+
 			"then only the resync (--resync-period) finds rows that drifted.")
 	fs.IntVar(&o.sweepMaxDeletions, "sweep-max-deletions", 100,
-		"A sweep that would let go of (delete or release) more orphan rows than this lets go of none and reports it.")
+		"A sweep that would release more orphan rows than this releases none and reports it.")
 	fs.IntVar(&o.maxRewinds, "registry-max-rewinds", 100,
 		"Rows found at a newer generation than their Students (after an etcd restore) that the controller takes back to its Students from its start; "+
 			"past it such a row makes its Student not Ready (reason RegistryAhead), since so many looks like a cloned cluster sharing production's registry.")

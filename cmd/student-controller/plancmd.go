@@ -208,6 +208,10 @@ func printPlan(w io.Writer, r planReport) {
 	if r.Paused > 0 {
 		fmt.Fprintf(w, "%d Students are paused (%s): nothing is planned for them.\n", r.Paused, studentv1.AnnotationPaused)
 	}
+	if r.Prunable > 0 {
+		fmt.Fprintf(w, "%d rows were released without their Students while their policy was Delete: kept; "+
+			"student-controller registry prune deletes them when asked.\n", r.Prunable)
+	}
 	if r.Malformed > 0 {
 		fmt.Fprintf(w, "%d rows of the owner cannot be read: the syncs of their Students rewrite them, and the others are left alone.\n", r.Malformed)
 	}
@@ -238,6 +242,7 @@ func printActions(w io.Writer, actions []controller.PlannedAction) {
 type readOnlyRegistry interface {
 	Get(ctx context.Context, uid string) (registry.Record, error)
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	ListReleased(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 	CheckSchema(ctx context.Context) error
 	String() string
 }
@@ -251,6 +256,10 @@ func (noSchema) Get(context.Context, string) (registry.Record, error) {
 }
 
 func (noSchema) List(context.Context, string) ([]registry.Record, []registry.MalformedRow, error) {
+	return nil, nil, nil
+}
+
+func (noSchema) ListReleased(context.Context, string) ([]registry.Record, []registry.MalformedRow, error) {
 	return nil, nil, nil
 }
 

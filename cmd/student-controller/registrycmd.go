@@ -21,6 +21,8 @@ const registryUsage = `Usage:
   student-controller registry backup --registry URL --to FILE
   student-controller registry adopt --registry URL --registry-owner OWNER [--kubeconfig FILE] [--dry-run]
       [--namespace NS,...] [--school SCHOOL] [--create-namespaces] [--max-adoptions N] [-o table|json] [--migrate]
+  student-controller registry prune --registry URL --registry-owner OWNER [--kubeconfig FILE] [--namespace NS,...]
+      [--max-prunes N] [--yes] [--migrate]
 
 move-cluster binds an owner's rows to the cluster that --kubeconfig reaches, where the
 registry binds them to CLUSTER now (the UID that the refusing controller printed). A
@@ -34,6 +36,10 @@ controllers of OWNER first: the rows they own are no longer theirs afterwards.
 Both print what they change, and change nothing else. A registry whose schema is older
 than this program's is refused unless --migrate says to migrate it first: controllers
 of the older version then refuse the registry, so stop them first.
+
+Every subcommand that writes (move-cluster, rename-owner, adopt, prune --yes) takes
+the owner's write fence first and holds it while it writes: while a controller of
+the owner runs, it refuses and names it. Scale the controller to zero first.
 
 adopt makes a Student of each row that has none in this cluster: released rows, rows
 of OWNER whose Students are gone (a rebuilt cluster, after move-cluster), and rows
@@ -51,6 +57,13 @@ an error; 0 otherwise. A second run adopts nothing new, and finishes what a run 
 short left. Run it before the controller starts on a
 rebuilt cluster: until then its sweep takes OWNER's rows without Students for orphans.
 
+prune deletes rows that OWNER released because their Students were not found (the
+sweep never deletes on absence) while they recorded the Delete policy: the rows a
+finalizer would have deleted. It asks the API server for each and keeps those whose
+Student is there. Without --yes it lists them and changes nothing; past --max-prunes
+rows (100) it deletes none. Exit status: 2 when rows would be pruned, or were refused;
+1 on an error; 0 otherwise. Back up the registry first.
+
 backup copies a SQLite registry to FILE, which must not exist, while controllers go on
 writing: rows and history of one moment. It changes nothing. A PostgreSQL registry is
 backed up with pg_dump (docs/operating.md, "Backup and restore").
@@ -59,7 +72,7 @@ backed up with pg_dump (docs/operating.md, "Backup and restore").
 // registryCommand runs "student-controller registry ...": explicit, one-off changes to
 // what the registry records about its owners. It returns the process's exit code.
 func registryCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner" && args[0] != "backup" && args[0] != "adopt") {
+	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner" && args[0] != "backup" && args[0] != "adopt" && args[0] != "prune") {
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	}
@@ -69,7 +82,10 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	opts.addFlags(fs)
 	from := fs.String("from", "", "move-cluster: the cluster the owner is bound to now (a kube-system namespace UID).")
 	to := fs.String("to", "", "rename-owner: the owner's new name; backup: the file to write.")
-	migrate := fs.Bool("migrate", false, "move-cluster, rename-owner, adopt: migrate a registry whose schema is older than this program's first.")
+	migrate := fs.Bool("migrate", false, "move-cluster, rename-owner, adopt, prune: migrate a registry whose schema is older than this program's first.")
+	var po pruneOptions
+	fs.IntVar(&po.max, "max-prunes", 100, "prune: the most rows one run deletes; past it, it deletes none.")
+	fs.BoolVar(&po.yes, "yes", false, "prune: delete the rows listed; without it prune only lists them.")
 	var ao adoptOptions
 	fs.StringVar(&ao.school, "school", "", "adopt: only rows of this school.")
 	fs.BoolVar(&ao.createNamespaces, "create-namespaces", false, "adopt: make the namespaces that rows name and that do not exist.")
@@ -107,6 +123,17 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		if code, err = adoptRows(ctx, opts, ao, stdout, stderr); err == nil {
 			return code
 		}
+	case args[0] == "prune":
+		if opts.scope, err = controller.ParseScope(opts.namespace, ""); err != nil {
+			break
+		}
+		po.migrate = *migrate
+		var code int
+		ctx, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		if code, err = pruneRows(ctx, opts, po, stdout); err == nil {
+			return code
+		}
 	default:
 		fmt.Fprint(stderr, registryUsage)
 		return 2
@@ -121,11 +148,11 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 func renameOwner(ctx context.Context, opts options, to string, migrate bool, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	reg, err := openForCommand(ctx, opts, migrate)
+	reg, release, err := openFenced(ctx, opts, migrate)
 	if err != nil {
 		return err
 	}
-	defer reg.Close()
+	defer func() { release(); _ = reg.Close() }()
 	n, err := reg.RenameOwner(ctx, opts.owner, to)
 	if err != nil {
 		return err
@@ -149,11 +176,11 @@ func moveCluster(ctx context.Context, opts options, from string, migrate bool, s
 	if err != nil {
 		return err
 	}
-	reg, err := openForCommand(ctx, opts, migrate)
+	reg, release, err := openFenced(ctx, opts, migrate)
 	if err != nil {
 		return err
 	}
-	defer reg.Close()
+	defer func() { release(); _ = reg.Close() }()
 	fmt.Fprintf(stdout, "registry %s, owner %q: bound to cluster %s; moving it to cluster %s (%s)\n", reg, opts.owner, from, to, cfg.Host)
 	b, err := reg.MoveCluster(ctx, opts.owner, from, to)
 	if err != nil {
@@ -163,15 +190,60 @@ func moveCluster(ctx context.Context, opts options, from string, migrate bool, s
 	return nil
 }
 
-// openForCommand opens the registry for a subcommand that writes: its schema as it is,
-// unless migrate says to bring it up to this program's.
-func openForCommand(ctx context.Context, opts options, migrate bool) (*registry.Registry, error) {
-	reg, err := registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), KeepSchema: !migrate})
-	if errors.Is(err, registry.ErrSchemaOlder) {
-		return nil, fmt.Errorf("%w. Nothing was changed. Run it again with --migrate to migrate the schema first; "+
+// openFenced opens the registry for a subcommand that writes for opts.owner, and
+// takes and holds the owner's write fence before anything is written, the schema
+// included: its schema as it is, unless migrate says to bring it up to this
+// program's. While a controller of the owner holds the fence it refuses and names it.
+// release gives the fence back; call it before closing the registry.
+func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Registry, func(), error) {
+	reg, err := registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), MigrateLater: true, KeepSchema: !migrate})
+	if err != nil {
+		return nil, nil, err
+	}
+	fail := func(err error) (*registry.Registry, func(), error) {
+		return nil, nil, errors.Join(err, reg.Close())
+	}
+	// A schema older than the fence's lease has no holder to refuse: it is migrated
+	// (when asked) before the fence is taken, as a controller does.
+	lease, err := reg.FenceIsLease(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	release := func() {}
+	fence := func() error {
+		var err error
+		release, err = reg.Fence(ctx, opts.owner)
+		if errors.Is(err, registry.ErrHeld) {
+			release = func() {}
+			return fmt.Errorf("%w. Nothing was changed. Stop the controllers of owner %q first (scale them to zero), then run it again", err, opts.owner)
+		}
+		if err != nil {
+			release = func() {}
+		}
+		return err
+	}
+	if lease {
+		if err := fence(); err != nil {
+			return fail(err)
+		}
+	}
+	if migrate {
+		err = reg.Migrate(ctx)
+	} else {
+		err = reg.UseSchema(ctx)
+	}
+	if errors.Is(err, registry.ErrSchemaOlder) || errors.Is(err, registry.ErrNoSchema) {
+		err = fmt.Errorf("%w. Nothing was changed. Run it again with --migrate to migrate the schema first; "+
 			"controllers of the older version refuse the registry afterwards, so stop them first", err)
 	}
-	return reg, err
+	if err == nil && !lease {
+		err = fence()
+	}
+	if err != nil {
+		release()
+		return fail(err)
+	}
+	return reg, release, nil
 }
 
 // backup copies a SQLite registry to the new file to, and says what the copy holds.

@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,3 +181,55 @@ func TestRegistryAheadBound(t *testing.T) {
 }
 
 func keyOf(s *studentv1.Student) string { return s.Namespace + "/" + s.Name }
+
+// TestTakeBack: a live Student whose row this owner released (its Orphan finalizer
+// ran, then an etcd restore brought the Student back) takes the row back, Ready; the
+// take-backs count against Config.MaxRewinds, past which the Student says why and
+// nothing is written; a row another owner holds now stays theirs.
+func TestTakeBack(t *testing.T) {
+	a, b := newStudent("a", withFinalizer, synced(start), orphan), newStudent("b", withFinalizer, synced(start), orphan)
+	theirs := newStudent("c", withFinalizer, synced(start), orphan)
+	f := newFixture(t, a, b, theirs)
+	f.ctrl.cfg.MaxRewinds = 1
+	for _, s := range []*studentv1.Student{a, b} {
+		f.put(recordOf(owner, s))
+		if _, err := f.registry.Release(f.ctx, recordOf(owner, s), "finalizer"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.put(recordOf("another-controller", theirs))
+
+	if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+		t.Fatalf("the first released row: %v, want it taken back", err)
+	}
+	var term *terminalError
+	if err := f.ctrl.sync(f.ctx, "school/b"); !errors.As(err, &term) {
+		t.Fatalf("the second released row, past the bound: %v, want a terminal error", err)
+	}
+	if err := f.ctrl.sync(f.ctx, "school/c"); !errors.As(err, &term) {
+		t.Fatalf("another owner's row: %v, want a terminal error", err)
+	}
+	rows := f.rows()
+	if r := rows["uid-a"]; r.Owner != owner || r.ReleasedBy != "" {
+		t.Errorf("a's row %+v: want it owned again", r)
+	}
+	if r := rows["uid-b"]; r.Owner != "" || r.ReleasedBy != owner {
+		t.Errorf("b's row %+v: want it left released", r)
+	}
+	if r := rows["uid-c"]; r.Owner != "another-controller" {
+		t.Errorf("c's row %+v: want it left to its owner", r)
+	}
+	for name, want := range map[string]string{"a": studentv1.ReasonSynced, "b": studentv1.ReasonRowReleased, "c": studentv1.ReasonRowOwnedElsewhere} {
+		cond := meta.FindStatusCondition(f.get("school", name).Status.Conditions, studentv1.ConditionReady)
+		if cond == nil || cond.Reason != want {
+			t.Errorf("%s's Ready = %+v, want reason %s", name, cond, want)
+		}
+	}
+	cond := meta.FindStatusCondition(f.get("school", "c").Status.Conditions, studentv1.ConditionReady)
+	if cond == nil || !strings.Contains(cond.Message, `"another-controller"`) || !strings.Contains(cond.Message, "registry adopt") {
+		t.Errorf("c's Ready = %+v, want it to name the owner and what to do", cond)
+	}
+	if diff := cmp.Diff([]string{"Warning RowTakenBack", "Warning RowReleased", "Warning RowOwnedElsewhere"}, f.events()); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}

@@ -43,9 +43,10 @@ type Registry interface {
 	Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error)
 	Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error)
 	Rewind(ctx context.Context, rec registry.Record, ahead int64) (registry.Record, error)
-	Delete(ctx context.Context, uid, owner, cause string) (bool, error)
+	Delete(ctx context.Context, uid, owner, cause string) (registry.Outcome, error)
 	Release(ctx context.Context, rec registry.Record, cause string) (bool, error)
 	Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error)
+	TakeBack(ctx context.Context, rec registry.Record, cause string) (registry.Record, error)
 	RecordPolicy(ctx context.Context, uid, owner, policy string) error
 	MarkObserved(ctx context.Context, uid, owner string) error
 	Bind(ctx context.Context, owner, cluster string) (registry.Binding, error)
@@ -57,6 +58,8 @@ type Registry interface {
 type rowReader interface {
 	Get(ctx context.Context, uid string) (registry.Record, error)
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	// ListReleased returns the rows owner released that nobody has taken since.
+	ListReleased(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 	// CheckSchema returns registry.ErrSchemaNewer once a newer program migrated the
 	// registry: this one must not write to it any more.
 	CheckSchema(ctx context.Context) error
@@ -152,7 +155,8 @@ type Controller struct {
 	// touches it.
 	malformed map[string]bool
 	// rewound counts the rows taken back to their Students since the controller was
-	// made (the process started), against Config.MaxRewinds.
+	// made (the process started), against Config.MaxRewinds: rows ahead rewound, and
+	// released rows taken back.
 	rewound atomic.Int64
 }
 

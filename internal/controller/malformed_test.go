@@ -38,7 +38,7 @@ func TestSweepSkipsMalformedRows(t *testing.T) {
 		if err != nil {
 			t.Fatalf("sweep %d: %v", sweep, err)
 		}
-		want := SweepResult{Rows: 2, Resync: 1, Orphans: 1, Deleted: 1, Malformed: len(wrong)}
+		want := SweepResult{Rows: 2, Resync: 1, Orphans: 1, Released: 1, Malformed: len(wrong)}
 		if sweep == 1 {
 			want = SweepResult{Rows: 1, Resync: 1, Malformed: len(wrong)} // b's row is still missing: nothing synced it
 		}
@@ -49,8 +49,8 @@ func TestSweepSkipsMalformedRows(t *testing.T) {
 			t.Errorf("sweep %d: student_controller_registry_malformed_rows = %v, want %d", sweep, n, len(wrong))
 		}
 	}
-	if _, ok := f.rows()["uid-gone"]; ok {
-		t.Error("the orphan row is still there")
+	if row, ok := f.rows()["uid-gone"]; !ok || row.Owner != "" {
+		t.Errorf("the orphan row: %+v, %v; want it kept, released", row, ok)
 	}
 	// Each malformed row is logged once, with its uid, over both sweeps.
 	logs := f.logged()

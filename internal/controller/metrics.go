@@ -21,7 +21,8 @@ type Metrics struct {
 	rowsWritten       *prometheus.CounterVec
 	sweepTotal        *prometheus.CounterVec
 	sweepDuration     prometheus.Histogram
-	sweepDeleted      prometheus.Counter
+	releasedAbsent    prometheus.Counter
+	rewritesRefused   prometheus.Counter
 	malformedRows     prometheus.Gauge
 	registryAhead     prometheus.Counter
 	notReady          prometheus.Gauge
@@ -69,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_registry_operation_duration_seconds",
-			Help:    "Latency of registry operations, by operation (get, insert, upsert, rewind, delete, release, relinquish, record_policy, mark_observed, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
+			Help:    "Latency of registry operations, by operation (get, insert, upsert, rewind, take_back, delete, release, relinquish, record_policy, mark_observed, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
 		rowsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -78,16 +79,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"action"}),
 		sweepTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "student_controller_sweep_total",
-			Help: "Registry sweeps, by outcome: clean, repaired (rows queued for repair or orphans deleted), refused (mass deletion past the bound), error.",
+			Help: "Registry sweeps, by outcome: clean, repaired (rows queued for repair or orphans released), refused (mass deletion past the bound), error.",
 		}, []string{"outcome"}),
 		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "student_controller_sweep_duration_seconds",
-			Help:    "Time one registry sweep took: listing the owned rows, comparing them with the cache, deleting orphans.",
+			Help:    "Time one registry sweep took: listing the owned rows, comparing them with the cache, releasing orphans.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 		}),
-		sweepDeleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "student_controller_sweep_deleted_rows_total",
-			Help: "Orphan registry rows deleted by sweeps.",
+		releasedAbsent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "student_controller_registry_rows_released_without_student_total",
+			Help: "Owned registry rows released because their Student was not found (by a sweep, or a sync whose cache was behind), kept with the deletion policy they record: absence never deletes a row. student-controller registry prune deletes those whose policy is Delete, when asked.",
+		}),
+		rewritesRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "student_controller_registry_rewrites_refused_total",
+			Help: "Rows this controller did not take back, rewind or write again because it had undone as many as --registry-max-rewinds allows since it started; their Students are Ready=False and say why.",
 		}),
 		malformedRows: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "student_controller_registry_malformed_rows",
@@ -154,7 +159,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
-			m.sweepDeleted, m.malformedRows, m.registryAhead, m.notReady, m.drifted, m.paused, m.pausedOldest, m.plannedActions,
+			m.releasedAbsent, m.rewritesRefused, m.malformedRows, m.registryAhead, m.notReady, m.drifted, m.paused, m.pausedOldest, m.plannedActions,
 			m.fenceHeld, m.fenceWaiting, m.syncLatency)
 	}
 	return m
@@ -175,6 +180,22 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// observeReleasedAbsent counts a row released because its Student was not found.
+func (m *Metrics) observeReleasedAbsent() {
+	if m == nil {
+		return
+	}
+	m.releasedAbsent.Inc()
+}
+
+// observeRewriteRefused counts a row not undone because the bound was reached.
+func (m *Metrics) observeRewriteRefused() {
+	if m == nil {
+		return
+	}
+	m.rewritesRefused.Inc()
 }
 
 // observeRegistryAhead counts a row that was ahead of its Student and follows it again.
@@ -324,7 +345,7 @@ func (m *Metrics) observeRow(action string) {
 // Outcomes of a sweep, the label of the sweep metric.
 const (
 	sweepClean    = "clean"
-	sweepRepaired = "repaired" // rows queued for repair or orphans deleted
+	sweepRepaired = "repaired" // rows queued for repair or orphans released
 	sweepRefused  = "refused"  // mass deletion past the bound
 	sweepError    = "error"
 )
@@ -340,11 +361,10 @@ func (m *Metrics) observeSweep(r SweepResult, err error, took time.Duration) {
 		outcome = sweepError
 	case r.Refused:
 		outcome = sweepRefused
-	case r.Resync > 0 || r.Deleted > 0:
+	case r.Resync > 0 || r.Released > 0:
 		outcome = sweepRepaired
 	}
 	m.sweepTotal.WithLabelValues(outcome).Inc()
-	m.sweepDeleted.Add(float64(r.Deleted))
 	if err == nil {
 		m.malformedRows.Set(float64(r.Malformed))
 	}
@@ -428,11 +448,18 @@ func (t timedRegistry) Upsert(ctx context.Context, rec registry.Record, why regi
 	return out, err
 }
 
-func (t timedRegistry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
+func (t timedRegistry) Delete(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
 	ctx, op := t.start(ctx, "delete")
-	ok, err := t.Registry.Delete(ctx, uid, owner, cause)
+	outcome, err := t.Registry.Delete(ctx, uid, owner, cause)
 	op.end(err)
-	return ok, err
+	return outcome, err
+}
+
+func (t timedRegistry) TakeBack(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
+	ctx, op := t.start(ctx, "take_back")
+	out, err := t.Registry.TakeBack(ctx, rec, cause)
+	op.end(err)
+	return out, err
 }
 
 func (t timedRegistry) Release(ctx context.Context, rec registry.Record, cause string) (bool, error) {

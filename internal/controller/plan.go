@@ -16,8 +16,10 @@ import (
 // The actions of a plan: the row writes a sync or a sweep makes (create, update,
 // restore, delete, release), the finalizer put on a Student that lacks it
 // (add-finalizer), a Terminating Student whose finalizer alone comes off (finalize),
-// what the controller refuses (refuse), and an observed Student whose row differs from
-// its spec (drifted: reported, never written). Status writes are not planned.
+// what the controller refuses (refuse), an observed Student whose row differs from its
+// spec (drifted: reported, never written), and a row the owner released without its
+// Student while it recorded Delete (prunable: only student-controller registry prune
+// deletes it, when asked). Status writes are not planned.
 const (
 	PlanAddFinalizer = "add-finalizer"
 	PlanCreate       = "create"
@@ -28,6 +30,7 @@ const (
 	PlanFinalize     = "finalize"
 	PlanRefuse       = "refuse"
 	PlanDrifted      = "drifted"
+	PlanPrunable     = "prunable"
 )
 
 // PlannedAction is one thing the controller would do now, or refuse to do.
@@ -59,10 +62,13 @@ type Plan struct {
 	Orphans      int  `json:"orphans"`
 	SweepBound   int  `json:"sweepBound"`
 	SweepRefused bool `json:"sweepRefused"`
+	// Prunable are the rows the owner released without their Students while they
+	// recorded Delete: kept until student-controller registry prune deletes them.
+	Prunable int `json:"prunable"`
 }
 
-// Changes counts the actions that would change something (all but refusals and
-// drift, which is only reported).
+// Changes counts the actions that would change something (all but refusals, drift
+// and prunable rows, which are only reported).
 func (p Plan) Changes() int { return changes(p.Actions) }
 
 // changes counts the actions of a plan or an adoption plan that change something: all
@@ -70,7 +76,7 @@ func (p Plan) Changes() int { return changes(p.Actions) }
 func changes(actions []PlannedAction) int {
 	n := 0
 	for _, a := range actions {
-		if a.Action != PlanRefuse && a.Action != PlanDrifted {
+		if a.Action != PlanRefuse && a.Action != PlanDrifted && a.Action != PlanPrunable {
 			n++
 		}
 	}
@@ -92,6 +98,8 @@ type PlanInput struct {
 	SweepMaxDeletions, SweepMaxDeletionPercent int
 	// NoSweep says the sweep is off (Config.SweepInterval 0): orphan rows stay.
 	NoSweep bool
+	// Released are the rows Owner released that nobody has taken since, in scope.
+	Released []registry.Record
 }
 
 // ComputePlan says what the controller would do for in: each Student as its sync
@@ -130,7 +138,9 @@ func ComputePlan(in PlanInput) Plan {
 					add(s, PlanUpdate, planMarkObserved)
 				}
 				add(s, PlanFinalize, "observed: the row is left as it is")
-			case held && policy(s) == studentv1.DeletionPolicyDelete:
+			case held && policy(s) == studentv1.DeletionPolicyDelete && (!mine || row.DeletionPolicy == registry.PolicyDelete):
+				// Deleted only when the row records Delete too (a row it cannot read
+				// goes by the policy stored in it, which the plan cannot know).
 				add(s, PlanDelete, registry.CauseFinalizer)
 			case held:
 				add(s, PlanRelease, registry.CauseFinalizer)
@@ -157,6 +167,10 @@ func ComputePlan(in PlanInput) Plan {
 			add(s, PlanAddFinalizer, "before the row is written")
 			fallthrough
 		default:
+			if theirs && takenBack(other, in.Owner) {
+				add(s, PlanRestore, registry.CauseTakenBack)
+				continue
+			}
 			if theirs {
 				add(s, PlanRefuse, "the row is "+ownedBy(other))
 				continue
@@ -198,6 +212,13 @@ func ComputePlan(in PlanInput) Plan {
 		}
 		plan.Actions = append(plan.Actions, a)
 	}
+	for _, r := range in.Released {
+		if !seen[types.UID(r.UID)] && registry.Prunable(r, in.Owner) {
+			plan.Prunable++
+			plan.Actions = append(plan.Actions, PlannedAction{Action: PlanPrunable, Namespace: r.Namespace, Name: r.Name, UID: r.UID,
+				Cause: "released without its Student (" + r.ReleaseCause + ") while its policy was Delete: student-controller registry prune deletes it"})
+		}
+	}
 	// Stable: a Student's finalizer comes before its row.
 	slices.SortStableFunc(plan.Actions, func(a, b PlannedAction) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
@@ -218,6 +239,12 @@ func planAction(action string) string {
 		return PlanRestore
 	}
 	return PlanUpdate
+}
+
+// takenBack says whether the sync of a live Student of row's uid takes row back:
+// owner released it, and nobody has taken or observed it since (as ensureRow decides).
+func takenBack(row registry.Record, owner string) bool {
+	return row.Owner == "" && row.ReleasedBy == owner && row.Management == ""
 }
 
 func ownedBy(r registry.Record) string {
@@ -271,6 +298,11 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 		held[m.UID] = true
 		in.Malformed = append(in.Malformed, m)
 	}
+	released, _, err := rows.ListReleased(ctx, scope.Owner)
+	if err != nil {
+		return Plan{}, err
+	}
+	in.Released = scope.Scope.rowsIn(released)
 	for _, s := range students {
 		if held[string(s.UID)] {
 			continue

@@ -33,6 +33,11 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 		newStudent("rowless", withFinalizer, deleting),
 		newStudent("theirs"),
 		invalid,
+		// Its row was released by this owner (its finalizer ran, then an etcd restore
+		// brought it back): taken back.
+		newStudent("reborn", withFinalizer, synced(start)),
+		// Delete, deleted, and its row says Orphan (an older backup put back): released.
+		newStudent("bye-kept", withFinalizer, synced(start), deleting),
 	)
 	tampered := recordOf(owner, newStudent("tampered"))
 	tampered.StudentName = "someone else"
@@ -43,7 +48,11 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 		recordOf(owner, newStudent("bye")), recordOf(owner, newStudent("keep", orphan)),
 		recordOf("another-controller", newStudent("theirs")),
 		recordOf(owner, newStudent("ghost")), recordOf(owner, newStudent("ghost-kept", orphan)),
+		recordOf(owner, newStudent("reborn")), recordOf(owner, newStudent("bye-kept", orphan)),
 	)
+	if _, err := f.registry.Release(f.ctx, recordOf(owner, newStudent("reborn")), registry.CauseFinalizer); err != nil {
+		t.Fatal(err)
+	}
 	var students []*studentv1.Student
 	for _, s := range f.ctrl.students.list() {
 		students = append(students, s.student())
@@ -55,14 +64,16 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 	}
 	want := []PlannedAction{
 		{Action: PlanDelete, Name: "bye", Cause: registry.CauseFinalizer},
+		{Action: PlanRelease, Name: "bye-kept", Cause: registry.CauseFinalizer},
 		{Action: PlanUpdate, Name: "changed", Cause: registry.CauseSpecChange},
-		{Action: PlanDelete, Name: "ghost", Cause: registry.CauseSweep},
+		{Action: PlanRelease, Name: "ghost", Cause: registry.CauseSweep},
 		{Action: PlanRelease, Name: "ghost-kept", Cause: registry.CauseSweep},
 		{Action: PlanRefuse, Name: "invalid", Cause: "invalid spec: spec.name must not hold control characters (U+0000 to U+001F, U+007F)"},
 		{Action: PlanRelease, Name: "keep", Cause: registry.CauseFinalizer},
 		{Action: PlanRestore, Name: "lost", Cause: registry.CauseRestore},
 		{Action: PlanAddFinalizer, Name: "new", Cause: "before the row is written"},
 		{Action: PlanCreate, Name: "new", Cause: registry.CauseNewStudent},
+		{Action: PlanRestore, Name: "reborn", Cause: registry.CauseTakenBack},
 		{Action: PlanFinalize, Name: "rowless", Cause: "no row"},
 		{Action: PlanUpdate, Name: "tampered", Cause: registry.CauseDrift},
 		{Action: PlanAddFinalizer, Name: "theirs", Cause: "before the row is written"},
@@ -74,7 +85,7 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 	if diff := cmp.Diff(want, plan.Actions); diff != "" {
 		t.Errorf("plan (-want +got):\n%s", diff)
 	}
-	if plan.Students != 11 || plan.Rows != 8 || plan.Paused != 1 || plan.Orphans != 2 || plan.SweepRefused || plan.Changes() != 11 {
+	if plan.Students != 13 || plan.Rows != 9 || plan.Paused != 1 || plan.Orphans != 2 || plan.SweepRefused || plan.Changes() != 13 {
 		t.Errorf("plan counts: %+v, %d changes", plan, plan.Changes())
 	}
 
@@ -94,6 +105,15 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 	}
 	if diff := cmp.Diff(planned, f.historySince(last)); diff != "" {
 		t.Errorf("the plan's row writes (-) against the history of what the controller wrote (+):\n%s", diff)
+	}
+	// The sweep released ghost, whose policy was Delete: the next plan lists it for
+	// registry prune, and plans no change for it.
+	again, err := PlanFor(f.ctx, f.registry, scope, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Prunable != 1 || !slices.ContainsFunc(again.Actions, func(a PlannedAction) bool { return a.Action == PlanPrunable && a.Name == "ghost" }) {
+		t.Errorf("the plan after the sweep: %+v; want ghost prunable", again)
 	}
 	if got := f.get("school", "rowless").Finalizers; len(got) != 0 {
 		t.Errorf("the finalizer of the Student planned to be finalized: %v", got)
@@ -244,7 +264,7 @@ func TestPlanWithSelector(t *testing.T) {
 		wantOrphans  int
 		wantLeftRows int // after the sweep
 	}{
-		"one gone": {gone: []string{"gone"}, wantActions: []string{"delete gone"}, wantRows: 2, wantOrphans: 1, wantLeftRows: 3},
+		"one gone": {gone: []string{"gone"}, wantActions: []string{"release gone"}, wantRows: 2, wantOrphans: 1, wantLeftRows: 4},
 		"two gone, bound one": {gone: []string{"gone", "gone-too"}, wantActions: []string{"refuse gone", "refuse gone-too"},
 			wantRefused: true, wantRows: 3, wantOrphans: 2, wantLeftRows: 5},
 	}

@@ -22,18 +22,17 @@ type sweepPlan struct {
 
 // withoutStudent is the one decision for a registry row whose Student is not in this
 // cluster, which the sweep, plan and adopt share: what the sweep does with it
-// (PlanDelete, PlanRelease, or "" to leave it), and whether adopt may make a Student of
-// it (else why not). The sweep lets go only of the owner's managed rows, by the policy
-// they record (Registry.Relinquish says the same in SQL); adopt takes any row but
-// another owner's.
+// (PlanRelease, or "" to leave it), and whether adopt may make a Student of it (else
+// why not). Absence never destroys a row: the sweep releases the owner's managed rows
+// as they stand, whatever policy they record (Registry.Relinquish says the same in
+// SQL), and only student-controller registry prune deletes those that recorded
+// Delete. Adopt takes any row but another owner's.
 func withoutStudent(row registry.Record, owner string) (sweep string, adoptable bool, why string) {
 	switch {
 	case row.Owner != "" && row.Owner != owner:
 		return "", false, fmt.Sprintf("owned by %q, another owner", row.Owner)
 	case row.Owner == "", row.Management == registry.ManagementObserve:
 		return "", true, "" // released or another system's; or observed: kept
-	case row.DeletionPolicy == registry.PolicyDelete:
-		return PlanDelete, true, ""
 	}
 	return PlanRelease, true, ""
 }
@@ -86,9 +85,8 @@ type SweepResult struct {
 	Rows    int // owned rows compared
 	Resync  int // Students queued to repair their rows
 	Orphans int // owned rows without a Student
-	Deleted int // orphan rows deleted (their deletion policy is Delete)
-	// Released are orphan rows released as they stood: their policy is Orphan, or not
-	// recorded yet. No path that finds a row without its Student deletes such a row.
+	// Released are orphan rows released as they stood, with the policy they record:
+	// no path that finds a row without its Student deletes it.
 	Released int
 	// Live are orphans by the cache whose Student the API server still has: the cache
 	// was behind (a watch cut, a new leader's first minutes), and the row stays.
@@ -103,8 +101,8 @@ type SweepResult struct {
 
 // Sweep compares every row this controller owns with the Students in the cache: rows
 // that are missing or differ are repaired by queueing their Student, and owned rows
-// whose Student is gone are let go per the policy they record (deleted or released),
-// unless there are more of them than the bound allows. Run only calls it once the
+// whose Student is gone are released as they stand (never deleted: absence is no
+// evidence of a deletion), unless there are more of them than the bound allows. Run only calls it once the
 // cache has synced.
 func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	logger := klog.FromContext(ctx)
@@ -152,8 +150,8 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
 			"more than it lets go at once (%d). A controller that watches the wrong cluster or namespaces, or a Student CRD "+
 			"deleted or not yet served, looks like this. Nothing was deleted or released; the rows stay until their "+
-			"Students are seen again. If those Students really are gone, let their rows go by hand: delete the rows whose "+
-			"deletion_policy is Delete, and release the others (owner NULL, released_at now)", len(plan.Orphans), result.Rows, bound)
+			"Students are seen again. If those Students really are gone, raise --sweep-max-deletions for one sweep, or wait: "+
+			"released rows are kept, and student-controller registry prune deletes those whose policy was Delete", len(plan.Orphans), result.Rows, bound)
 		logger.Error(nil, msg, "orphans", len(plan.Orphans), "rows", result.Rows, "bound", bound, "students", len(students))
 		if c.cfg.SweepEventTarget != nil {
 			c.write.warn(c.cfg.SweepEventTarget, EventSweepRefused, msg)
@@ -186,11 +184,8 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			errs = append(errs, err)
 			continue
 		}
-		c.observeLetGo(outcome)
-		switch outcome {
-		case registry.Deleted:
-			result.Deleted++
-		case registry.Released:
+		c.observeLetGo(outcome, true)
+		if outcome == registry.Released {
 			result.Released++
 		}
 		if outcome != registry.Absent {
@@ -200,7 +195,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	}
 	if result.Resync > 0 || result.Orphans > 0 || len(errs) > 0 {
 		logger.Info("Sweep found rows to repair or let go", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans,
-			"deleted", result.Deleted, "released", result.Released, "studentStillThere", result.Live)
+			"released", result.Released, "studentStillThere", result.Live)
 	} else {
 		logger.V(4).Info("Sweep found no drift", "rows", result.Rows)
 	}

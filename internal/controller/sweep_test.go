@@ -112,15 +112,15 @@ func TestSweep(t *testing.T) {
 		eventTarget *corev1.ObjectReference
 		scope       string // Config.Scope: --namespace, then --selector, split by a space
 	}{
-		"orphan deleted, foreign row kept, missing row queued": {
+		"orphan released (its policy Delete kept), foreign row kept, missing row queued": {
 			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
 			rows: []registry.Record{
 				recordOf(owner, newStudent("a")),
 				recordOf(owner, newStudent("gone")),
 				recordOf("another-controller", newStudent("theirs")),
 			},
-			wantResult: SweepResult{Rows: 2, Resync: 1, Orphans: 1, Deleted: 1},
-			wantRows:   []string{"uid-a", "uid-theirs"},
+			wantResult: SweepResult{Rows: 2, Resync: 1, Orphans: 1, Released: 1},
+			wantRows:   []string{"uid-a", "uid-gone", "uid-theirs"},
 			wantQueued: []string{"school/b"},
 		},
 		"mass deletion refused": {
@@ -143,20 +143,21 @@ func TestSweep(t *testing.T) {
 				recordOf(owner, newStudent("late")),
 				recordOf(owner, newStudent("gone")),
 			},
-			wantResult: SweepResult{Rows: 4, Orphans: 2, Deleted: 1, Live: 1},
-			wantRows:   []string{"uid-a", "uid-b", "uid-late"},
+			wantResult: SweepResult{Rows: 4, Orphans: 2, Released: 1, Live: 1},
+			wantRows:   []string{"uid-a", "uid-b", "uid-gone", "uid-late"},
 		},
 		"same name, another UID: the row is an orphan": {
 			notCached:  []*studentv1.Student{newStudent("a", func(s *studentv1.Student) { s.UID = "uid-a-recreated" })},
 			rows:       []registry.Record{recordOf(owner, newStudent("a"))},
-			wantResult: SweepResult{Rows: 1, Orphans: 1, Deleted: 1},
+			wantResult: SweepResult{Rows: 1, Orphans: 1, Released: 1},
+			wantRows:   []string{"uid-a"},
 		},
 		"at the bound": {
 			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
 			rows: []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b")),
 				recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
-			wantResult: SweepResult{Rows: 4, Orphans: 2, Deleted: 2},
-			wantRows:   []string{"uid-a", "uid-b"},
+			wantResult: SweepResult{Rows: 4, Orphans: 2, Released: 2},
+			wantRows:   []string{"uid-a", "uid-b", "uid-x", "uid-y"},
 		},
 		// A wrong kubeconfig, a CRD gone: most of what the owner holds looks orphaned.
 		"more than half of the owner's rows: refused, below the absolute bound too": {
@@ -187,8 +188,8 @@ func TestSweep(t *testing.T) {
 			rows: []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("b", inNamespace("college"))),
 				recordOf(owner, newStudent("c", inNamespace("college"))), recordOf(owner, newStudent("d")),
 				recordOf(owner, newStudent("elsewhere", inNamespace("other")))},
-			wantResult: SweepResult{Rows: 4, Orphans: 2, Deleted: 2},
-			wantRows:   []string{"uid-a", "uid-b", "uid-elsewhere"},
+			wantResult: SweepResult{Rows: 4, Orphans: 2, Released: 2},
+			wantRows:   []string{"uid-a", "uid-b", "uid-c", "uid-d", "uid-elsewhere"},
 		},
 		// The API server sends only the Students whose labels match; the others are there,
 		// and so are the rows the controller wrote for them while they matched.
@@ -199,8 +200,8 @@ func TestSweep(t *testing.T) {
 				newStudent("z", labeled("team", "b"))},
 			rows: []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("x")),
 				recordOf(owner, newStudent("y")), recordOf(owner, newStudent("z")), recordOf(owner, newStudent("gone"))},
-			wantResult: SweepResult{Rows: 2, Orphans: 1, Deleted: 1, Live: 3},
-			wantRows:   []string{"uid-a", "uid-x", "uid-y", "uid-z"},
+			wantResult: SweepResult{Rows: 2, Orphans: 1, Released: 1, Live: 3},
+			wantRows:   []string{"uid-a", "uid-gone", "uid-x", "uid-y", "uid-z"},
 		},
 		"a row written before policies were recorded is released": {
 			students:   []*studentv1.Student{newStudent("a"), newStudent("b")},
@@ -238,6 +239,13 @@ func TestSweep(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.wantRows, rows, cmpSorted); diff != "" {
 				t.Errorf("rows after the sweep (-want +got):\n%s", diff)
+			}
+			// Every orphan it let go is released by this owner for the sweep, with the
+			// policy it recorded: a Delete row is prunable, never deleted.
+			for _, row := range f.rows() {
+				if row.Owner == "" && (row.ReleasedBy != owner || row.ReleaseCause != registry.CauseSweep) {
+					t.Errorf("row %s released by %q for %q; want %q, %q", row.UID, row.ReleasedBy, row.ReleaseCause, owner, registry.CauseSweep)
+				}
 			}
 			var queued []string
 			for f.ctrl.queue.Len() > 0 {

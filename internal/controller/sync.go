@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,6 +32,8 @@ const (
 	EventInvalidSpec       = "InvalidSpec"
 	EventSweepRefused      = "SweepRefused"
 	EventRegistryAhead     = "RegistryAhead"
+	EventRowTakenBack      = "RowTakenBack"
+	EventRowReleased       = "RowReleased"
 )
 
 // sync brings the registry in line with one Student. It is level-based: it reads the
@@ -151,8 +154,10 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		klog.FromContext(ctx).Info("Rewriting a registry row that cannot be read", "err", err)
 	case err != nil:
 		return row, "", c.registryFailed(ctx, s, err)
+	case takenBack(row, c.cfg.Owner):
+		return c.takeBack(ctx, s, want, row)
 	case row.Owner != c.cfg.Owner:
-		return row, "", c.ownedElsewhere(ctx, s, fmt.Errorf("row %s: %w", row.UID, registry.ErrNotOwned))
+		return row, "", c.ownedElsewhere(ctx, s, fmt.Errorf("row %s is %s: %w", row.UID, ownedBy(row), registry.ErrNotOwned))
 	}
 
 	if exists && !malformed && row.DeletionPolicy == "" {
@@ -242,6 +247,55 @@ func (c *Controller) registryAhead(ctx context.Context, s *studentv1.Student, wa
 	return rewound, nil
 }
 
+// takeBack owns and writes again the row that this owner released for this very
+// Student (its uid): the Student's finalizer released it and then an etcd restore
+// brought the Student back, or its Student was missing to a sweep (a watch cut, a CRD
+// served late) and is back. The API server is asked first (a quorum read): only a
+// Student there, the one in the cache, takes the row back. Each take-back undoes a
+// release, so it counts against Config.MaxRewinds with the rows rewound; past it the
+// Student says so (RowReleased) and nothing is written.
+func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, row registry.Record) (registry.Record, string, error) {
+	live, err := c.confirmCurrent(ctx, s)
+	if live == nil {
+		return row, "", cmp.Or(err, errStudentGone)
+	}
+	want = recordOf(want.Owner, live)
+	if c.rewound.Load() >= int64(c.cfg.MaxRewinds) {
+		msg := fmt.Sprintf("The registry row of this Student was released by this controller (%s) at %s, and this controller has "+
+			"taken back %d rows since it started, its bound (--registry-max-rewinds): so many looks like a cluster gone back in "+
+			"time wholesale or a clone, not one Student restored. Nothing was written. If this cluster is the one the registry "+
+			"follows, restart the controller with a higher --registry-max-rewinds",
+			cmp.Or(row.ReleaseCause, "unknown cause"), row.ReleasedAt.Format(time.RFC3339), c.cfg.MaxRewinds)
+		changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRowReleased, msg), s.Status.Registry)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return row, "", err
+		}
+		if changed {
+			c.write.warn(s, EventRowReleased, msg)
+		}
+		c.cfg.Metrics.observeRewriteRefused()
+		return row, "", terminal(fmt.Errorf("row %s was released and is past the bound of rows taken back: %w", row.UID, registry.ErrNotOwned))
+	}
+	taken, err := c.write.takeBack(ctx, want, registry.CauseTakenBack)
+	switch {
+	case errors.Is(err, registry.ErrNotOwned), errors.Is(err, registry.ErrObserved):
+		return row, "", c.ownedElsewhere(ctx, s, err)
+	case errors.Is(err, ErrNotLeading):
+		return row, "", err
+	case err != nil:
+		return row, "", c.registryFailed(ctx, s, err)
+	}
+	c.rewound.Add(1)
+	c.cfg.Metrics.observeRow(rowRestored)
+	msg := fmt.Sprintf("The registry row was released by this controller (%s) at %s while this Student still exists "+
+		"(an etcd restore, or a Student missing for a while): it is this Student's again and written: %s, %s",
+		cmp.Or(row.ReleaseCause, "unknown cause"), row.ReleasedAt.Format(time.RFC3339), taken.StudentName, taken.School)
+	c.write.warn(s, EventRowTakenBack, msg)
+	klog.FromContext(ctx).Info("Took back a registry row this controller had released", "releaseCause", row.ReleaseCause,
+		"releasedAt", row.ReleasedAt)
+	return taken, "", nil
+}
+
 // refuseRewind reports a row ahead that this controller does not take back: it has
 // taken back Config.MaxRewinds rows since it started. So many rows ahead of their
 // Students looks less like an etcd restore than like a clone of the cluster (an etcd
@@ -260,6 +314,7 @@ func (c *Controller) refuseRewind(ctx context.Context, s *studentv1.Student, row
 	if changed {
 		c.write.warn(s, EventRegistryAhead, msg)
 	}
+	c.cfg.Metrics.observeRewriteRefused()
 	return terminal(fmt.Errorf("row %s is ahead of its Student and past the bound of rows taken back: %w", row.UID, registry.ErrStale))
 }
 
@@ -296,7 +351,7 @@ func rowWrite(row, want registry.Record, found, malformed, written bool) (regist
 func (c *Controller) report(ctx context.Context, s *studentv1.Student, row registry.Record, action string) error {
 	if _, err := c.updateStatus(ctx, s, ready(), registryStatus(row)); err != nil {
 		if apierrors.IsNotFound(err) {
-			return c.undoStaleWrite(ctx, s)
+			return c.undoStaleWrite(ctx, s, action)
 		}
 		if action == rowCreated {
 			// Whether the Student is gone must be known now: if it is, the retry finds
@@ -306,7 +361,7 @@ func (c *Controller) report(ctx context.Context, s *studentv1.Student, row regis
 				return errors.Join(err, fmt.Errorf("ask whether the Student is gone: %w", getErr))
 			}
 			if live == nil {
-				return c.undoStaleWrite(ctx, s)
+				return c.undoStaleWrite(ctx, s, action)
 			}
 		}
 		return err
@@ -364,29 +419,38 @@ func (c *Controller) liveStudent(ctx context.Context, namespace, name string, ui
 	return live, nil
 }
 
-// observeLetGo counts a row that Relinquish deleted or released.
-func (c *Controller) observeLetGo(outcome registry.Outcome) {
+// observeLetGo counts a row that Delete or Relinquish deleted or released; absent
+// says its Student was not found (no finalizer ran for it).
+func (c *Controller) observeLetGo(outcome registry.Outcome, absent bool) {
 	switch outcome {
 	case registry.Deleted:
 		c.cfg.Metrics.observeRow(rowDeleted)
 	case registry.Released:
 		c.cfg.Metrics.observeRow(rowReleased)
+		if absent {
+			c.cfg.Metrics.observeReleasedAbsent()
+		}
 	}
 }
 
 // undoStaleWrite lets go of the row of a Student that the API server no longer has,
-// when the status write that follows a row write finds it gone. This cache was behind:
-// a replica that has just taken the lead, or whose watch was cut, can still hold a
-// Student that the previous leader finalized, its row deleted; the sync then wrote
-// the row again. Left there, it would be an owned row without a Student until the next
-// sweep. The row goes per the policy it records: a Delete row is deleted, an Orphan
-// row released. A row already released is not ours and stays.
-func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
-	outcome, err := c.write.relinquish(ctx, string(s.UID), c.cfg.Owner, registry.CauseStaleCache)
+// when the status write that follows a row write (action) finds it gone. This cache
+// was behind: a replica that has just taken the lead, or whose watch was cut, can
+// still hold a Student that the previous leader finalized, its row deleted; the sync
+// then wrote the row again. Left there, it would be an owned row without a Student.
+// A row this sync created, where there was none, goes as the Student's finalizer
+// would have taken it (Delete: by the policy it records); a row that was there before
+// is only released, since absence destroys nothing. A row already released stays.
+func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student, action string) error {
+	letGo := c.write.relinquish
+	if action == rowCreated {
+		letGo = c.write.delete
+	}
+	outcome, err := letGo(ctx, string(s.UID), c.cfg.Owner, registry.CauseStaleCache)
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
-	c.observeLetGo(outcome)
+	c.observeLetGo(outcome, true)
 	if outcome != registry.Absent {
 		klog.FromContext(ctx).Info("The Student was gone when its status was written: let go of the row written from a cache that was behind", "action", outcome)
 	}
@@ -405,6 +469,7 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 	uid := string(s.UID)
 	var done bool
 	var err error
+	var outcome registry.Outcome
 	action := rowDeleted
 	if observed(s.Spec) {
 		if err := c.finalizeObserved(ctx, s); err != nil {
@@ -417,7 +482,13 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 		action = rowReleased
 		done, err = c.release(ctx, s)
 	case "", studentv1.DeletionPolicyDelete:
-		done, err = c.write.delete(ctx, uid, c.cfg.Owner, registry.CauseFinalizer)
+		// Deleted only if the row records Delete too; a row that says otherwise (an
+		// older backup put back) is released as it stands.
+		outcome, err = c.write.delete(ctx, uid, c.cfg.Owner, registry.CauseFinalizer)
+		done = outcome != registry.Absent
+		if outcome == registry.Released {
+			action = rowReleased
+		}
 	default:
 		// A policy the CRD refuses now, stored before it did ("orphan", "Retain"):
 		// whatever was meant, keeping the row is what can be undone.
@@ -438,7 +509,7 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 		return err
 	case errors.Is(err, registry.ErrStale), errors.Is(err, ErrNotLeading):
 		return err // as in ensureRow
-	case errors.Is(err, registry.ErrNotOwned):
+	case errors.Is(err, registry.ErrNotOwned), errors.Is(err, registry.ErrObserved):
 		// Not ours to touch: the Student may go, the row stays as its owner left it.
 		c.write.warn(s, EventRowOwnedElsewhere, fmt.Sprintf("Registry row left alone: %v", err))
 	case err != nil:
@@ -506,7 +577,9 @@ func (c *Controller) registryFailed(ctx context.Context, s *studentv1.Student, c
 // ownedElsewhere reports that the row belongs to someone else. Retrying cannot change
 // that; the controller never takes a row over.
 func (c *Controller) ownedElsewhere(ctx context.Context, s *studentv1.Student, cause error) error {
-	msg := "The registry row belongs to another owner and is left alone: " + cause.Error()
+	msg := "The registry row belongs to another owner and is left alone: " + cause.Error() + ". If that owner's rows are to " +
+		"follow this controller, stop its controllers and run student-controller registry rename-owner; a row it released " +
+		"can be bound to a new Student with student-controller registry adopt"
 	changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRowOwnedElsewhere, msg), nil)
 	if err != nil {
 		return err

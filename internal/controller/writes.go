@@ -69,8 +69,8 @@ func (w *writes) rewind(ctx context.Context, rec registry.Record, ahead int64) (
 	return guard(w, func() (registry.Record, error) { return w.registry.Rewind(ctx, rec, ahead) })
 }
 
-func (w *writes) delete(ctx context.Context, uid, owner, cause string) (bool, error) {
-	return guard(w, func() (bool, error) { return w.registry.Delete(ctx, uid, owner, cause) })
+func (w *writes) delete(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
+	return guard(w, func() (registry.Outcome, error) { return w.registry.Delete(ctx, uid, owner, cause) })
 }
 
 func (w *writes) release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
@@ -79,6 +79,10 @@ func (w *writes) release(ctx context.Context, rec registry.Record, cause string)
 
 func (w *writes) relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
 	return guard(w, func() (registry.Outcome, error) { return w.registry.Relinquish(ctx, uid, owner, cause) })
+}
+
+func (w *writes) takeBack(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
+	return guard(w, func() (registry.Record, error) { return w.registry.TakeBack(ctx, rec, cause) })
 }
 
 func (w *writes) recordPolicy(ctx context.Context, uid, owner, policy string) error {

@@ -14,7 +14,7 @@ import (
 // the student's record (names, school, created_at, updated_at) stays as it was.
 const adoptSQL = `
 	UPDATE students SET uid = $2, namespace = $3, name = $4, owner = $5, generation = $6, deletion_policy = $7,
-		released_at = NULL, management = 'Observe'
+		released_at = NULL, released_by = NULL, release_cause = NULL, management = 'Observe'
 	WHERE uid = $1 AND (owner IS NULL OR owner = $5)` + returned
 
 // ListAll returns every readable row of the registry, whatever its owner, by

@@ -123,6 +123,9 @@ func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, err
 			return 0, fmt.Errorf("rename owner: write the history: %w", err)
 		}
 	}
+	if _, err := tx.ExecContext(ctx, `UPDATE students SET released_by = $2 WHERE released_by = $1`, from, to); err != nil {
+		return 0, fmt.Errorf("rename owner: %w", err)
+	}
 	for _, table := range []string{"owner_clusters", "fences"} {
 		// #nosec G202 -- the two table names above, not input.
 		if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET owner = $2 WHERE owner = $1`, from, to); err != nil {

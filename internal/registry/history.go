@@ -50,6 +50,12 @@ const (
 	// CauseAdopted: student-controller registry adopt made a Student from the row, and
 	// bound the row to it.
 	CauseAdopted = "adopted"
+	// CauseTakenBack: a live Student of the row's uid took back the row that its
+	// owner had released (an etcd restore undid the Student's deletion).
+	CauseTakenBack = "taken-back"
+	// CausePrune: student-controller registry prune deleted a row that its owner
+	// had released without its Student, while it recorded the Delete policy.
+	CausePrune = "prune"
 )
 
 // Why says why a row is written, for the history row written with it.

@@ -73,12 +73,25 @@ func OpenToRead(ctx context.Context, u URL, owner, cluster string, opts Options)
 // the holder's lease runs out); while the database fails it retries, as Connect does.
 // false when ctx ends first, or with what no retry fixes.
 func (r *Registry) Lead(ctx context.Context, owner, cluster string, waiting func(*HeldError)) (bool, error) {
+	// A failed read of the schema's version is an error, retried, never an older
+	// schema: that would migrate under a live holder's feet.
+	var lease bool
+	if err := retry(ctx, "Cannot read the registry's schema version yet; retrying", Permanent, func() (err error) {
+		lease, err = r.FenceIsLease(ctx)
+		return err
+	}); err != nil || ctx.Err() != nil {
+		return false, err
+	}
 	fenced := false
-	if lease, err := r.FenceIsLease(ctx); err == nil && lease {
+	if lease {
 		if !r.waitForFence(ctx, owner, waiting) {
 			return false, nil
 		}
 		fenced = true
+	}
+	if fenced {
+		// Migrating and binding may retry for longer than the lease: keep it.
+		defer r.keepFence(ctx)()
 	}
 	done := false
 	err := retry(ctx, "Cannot migrate the registry or bind its owner yet; retrying", Permanent, func() error {
@@ -129,6 +142,56 @@ func (r *Registry) Hold(ctx context.Context) error {
 		case err != nil && ctx.Err() == nil:
 			logger.Error(err, "Cannot renew the registry's write fence; retrying", "lease", r.lease)
 		}
+	}
+}
+
+// Fence takes owner's write fence for a one-off command (adopt, prune, move-cluster,
+// rename-owner, a migration) and holds it, renewing it every third of the lease, until
+// the returned release is called, which gives it back. It does not wait: while another
+// live controller holds the fence it returns a *HeldError (ErrHeld) that names it.
+// Once the renewals fail for a whole lease (a controller took over), the command's
+// writes roll back with ErrFenced.
+func (r *Registry) Fence(ctx context.Context, owner string) (release func(), err error) {
+	if _, err := r.TakeFence(ctx, owner); err != nil {
+		return nil, err
+	}
+	holdCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		_ = r.Hold(holdCtx)
+	}()
+	return func() {
+		stop()
+		<-held
+	}, nil
+}
+
+// keepFence renews the fence this registry holds every third of its lease until the
+// returned stop is called, and gives nothing back: the caller's writes go on under it.
+func (r *Registry) keepFence(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(r.lease / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			renewCtx, cancelRenew := context.WithTimeout(ctx, r.lease/3)
+			if err := r.RenewFence(renewCtx); err != nil && ctx.Err() == nil {
+				klog.FromContext(ctx).Error(err, "Cannot renew the registry's write fence while migrating or binding; retrying")
+			}
+			cancelRenew()
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
 	}
 }
 

@@ -93,6 +93,11 @@ type Record struct {
 	// "" while the controller manages it. An observed row is never let go by a path
 	// that finds it without its Student (Relinquish).
 	Management string
+	// ReleasedBy and ReleaseCause say which owner released the row, and why (the
+	// cause of its history row); empty while it is owned, and on rows released before
+	// the registry recorded them.
+	ReleasedBy   string
+	ReleaseCause string
 }
 
 // Options tune a Registry. The zero value is ready to use.
@@ -156,7 +161,7 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// was a visible share of the controller's CPU (bench/results/tuning.md).
-	get, insert, upsert, rewind, del, release, delPolicy, releaseAsIs, recordPolicy, observe, adopt, fenceCheck, history *sql.Stmt
+	get, insert, upsert, rewind, release, delPolicy, releaseAsIs, recordPolicy, observe, adopt, takeBack, prune, fenceCheck, history *sql.Stmt
 	// actor is Options.Actor, for the history.
 	actor string
 	// migrationLockTimeout is Options.MigrationLockTimeout; prepareMu guards Migrate.
@@ -189,7 +194,7 @@ type Registry struct {
 	transactions atomic.Int64
 }
 
-const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy, management`
+const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy, management, released_by, release_cause`
 
 // Statements of the hot path. $n placeholders: PostgreSQL's, and SQLite takes them too.
 // Writes set every column the schema checks, so that they also repair a row written
@@ -218,7 +223,7 @@ const (
 			management = NULL,
 			created_at = CASE WHEN %[1]s THEN students.created_at ELSE excluded.created_at END,
 			updated_at = excluded.updated_at,
-			released_at = NULL
+			released_at = NULL, released_by = NULL, release_cause = NULL
 		WHERE students.owner = excluded.owner AND %[2]s
 		RETURNING created_at, updated_at`
 	// Rewind's, with rowValues' values: the owner's row, while it still holds the
@@ -226,23 +231,36 @@ const (
 	rewindSQL = `
 		UPDATE students SET namespace = $2, name = $3, student_name = $4, school = $5, generation = $7,
 			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END, updated_at = $8,
-			deletion_policy = $9, released_at = NULL, management = NULL
+			deletion_policy = $9, released_at = NULL, released_by = NULL, release_cause = NULL, management = NULL
 		WHERE uid = $1 AND owner = $6 AND generation = $10
 		RETURNING created_at, updated_at`
-	deleteSQL = `DELETE FROM students WHERE uid = $1 AND owner = $2` + returned
 	// A released row keeps the Student's last spec.
 	releaseSQL = `
 		UPDATE students SET namespace = $3, name = $4, student_name = $5, school = $6, generation = $7,
 			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END,
-			owner = NULL, released_at = $8, updated_at = $8, deletion_policy = 'Orphan', management = NULL
+			owner = NULL, released_at = $8, updated_at = $8, deletion_policy = 'Orphan', management = NULL,
+			released_by = $2, release_cause = $9
 		WHERE uid = $1 AND owner = $2 AND %[2]s` + returned
-	// What Relinquish runs: a Delete row goes; any other (Orphan, or a policy not yet
-	// recorded) is released as it stands. An observed row stays.
+	// What Delete runs: only a row that records the Delete policy goes; any other
+	// (Orphan, or a policy not yet recorded) is released as it stands, which is also
+	// what Relinquish runs. An observed row stays.
 	deletePolicySQL = `DELETE FROM students WHERE uid = $1 AND owner = $2 AND deletion_policy = 'Delete' AND management IS NULL` + returned
 	releaseAsIsSQL  = `
 		UPDATE students SET created_at = CASE WHEN %[1]s THEN created_at ELSE $3 END,
-			owner = NULL, released_at = $3, updated_at = $3
+			owner = NULL, released_at = $3, updated_at = $3, released_by = $2, release_cause = $4
 		WHERE uid = $1 AND owner = $2 AND management IS NULL` + returned
+	// TakeBack's, with rowValues' values: a row that owner $6 released, while it is
+	// still released, is owned and written again.
+	takeBackSQL = `
+		UPDATE students SET namespace = $2, name = $3, student_name = $4, school = $5, owner = $6, generation = $7,
+			created_at = CASE WHEN %[1]s THEN created_at ELSE $8 END, updated_at = $8,
+			deletion_policy = $9, released_at = NULL, released_by = NULL, release_cause = NULL, management = NULL
+		WHERE uid = $1 AND owner IS NULL AND released_by = $6 AND management IS NULL
+		RETURNING created_at, updated_at`
+	// Prune's: a row that owner $2 released on its own (without a finalizer's word)
+	// while it recorded the Delete policy, and that is still so.
+	pruneSQL = `DELETE FROM students WHERE uid = $1 AND owner IS NULL AND released_by = $2 AND deletion_policy = 'Delete'
+		AND management IS NULL AND release_cause IN ('` + CauseSweep + `', '` + CauseStaleCache + `')` + returned
 	// The last statement of a fenced write: it locks the owner's fence row (on
 	// PostgreSQL; SQLite's write lock covers the whole transaction) and finds it only
 	// while it still holds this controller's token.
@@ -338,6 +356,21 @@ func (r *Registry) Migrate(ctx context.Context) error {
 	return r.prepare(ctx)
 }
 
+// UseSchema makes a registry opened with MigrateLater ready to write without
+// migrating it: ErrSchemaOlder when its schema is older than this program's,
+// ErrNoSchema when it has none. Calling it after Migrate does nothing.
+func (r *Registry) UseSchema(ctx context.Context) error {
+	r.prepareMu.Lock()
+	defer r.prepareMu.Unlock()
+	if r.get != nil {
+		return nil
+	}
+	if err := checkSchema(ctx, r.db, r.dialect); err != nil {
+		return fmt.Errorf("open registry %s: %w", r.display, err)
+	}
+	return r.prepare(ctx)
+}
+
 // prepare prepares the statements of every sync: all of them, or on an error none.
 func (r *Registry) prepare(ctx context.Context) error {
 	d := r.dialect
@@ -350,7 +383,6 @@ func (r *Registry) prepare(ctx context.Context) error {
 		{&r.upsert, fmt.Sprintf(upsertSQL, fmt.Sprintf(d.validTime, "students.created_at"),
 			fmt.Sprintf(d.notNewer, "students.generation", "excluded.generation"))},
 		{&r.rewind, fmt.Sprintf(rewindSQL, fmt.Sprintf(d.validTime, "created_at"))},
-		{&r.del, deleteSQL},
 		{&r.release, fmt.Sprintf(releaseSQL, fmt.Sprintf(d.validTime, "created_at"),
 			fmt.Sprintf(d.notNewer, "generation", "$7"))},
 		{&r.delPolicy, deletePolicySQL},
@@ -359,6 +391,8 @@ func (r *Registry) prepare(ctx context.Context) error {
 		{&r.recordPolicy, recordPolicySQL},
 		{&r.observe, observeSQL},
 		{&r.adopt, adoptSQL},
+		{&r.takeBack, fmt.Sprintf(takeBackSQL, fmt.Sprintf(d.validTime, "created_at"))},
+		{&r.prune, pruneSQL},
 		{&r.history, historyInsertSQL},
 	}
 	prepared := make([]*sql.Stmt, 0, len(stmts))
@@ -405,7 +439,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.del, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.observe, r.adopt, r.fenceCheck, r.history} {
+	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.observe, r.adopt, r.takeBack, r.prune, r.fenceCheck, r.history} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -430,8 +464,8 @@ func (r *Registry) Ping(ctx context.Context) error { return r.db.PingContext(ctx
 // that a row another system wrote past the schema is an ErrMalformed naming its uid,
 // not a failed query.
 func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
-	var v [12]any
-	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11]); err != nil {
+	var v [14]any
+	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13]); err != nil {
 		return Record{}, err
 	}
 	var d decoder
@@ -448,6 +482,8 @@ func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
 		ReleasedAt:     d.time(v[9], "released_at", false),
 		DeletionPolicy: d.policy(v[10]),
 		Management:     d.management(v[11]),
+		ReleasedBy:     d.optionalText(v[12], "released_by"),
+		ReleaseCause:   d.optionalText(v[13], "release_cause"),
 	}
 	if len(d.problems) > 0 {
 		return Record{}, &malformedError{row: MalformedRow{UID: rec.UID, Problem: strings.Join(d.problems, "; ")}}
@@ -722,7 +758,7 @@ func rowValues(rec Record, now time.Time) []any {
 // asStored is rec as Insert or Upsert stored it, with the times its statement returned.
 func asStored(rec Record, created, updated time.Time) Record {
 	rec.CreatedAt, rec.UpdatedAt = created.UTC(), updated.UTC()
-	rec.ReleasedAt = time.Time{}
+	rec.ReleasedAt, rec.ReleasedBy, rec.ReleaseCause = time.Time{}, "", ""
 	rec.DeletionPolicy = policyOf(rec.DeletionPolicy)
 	return rec
 }
@@ -743,24 +779,14 @@ func policyOf(p string) string {
 	return ""
 }
 
-// Delete deletes the row for uid if owner owns it, with a history row that gives
-// cause. It reports whether a row was deleted: a missing row is no error (the delete
-// already happened); a row with another owner is ErrNotOwned.
-func (r *Registry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
-	var n int64
-	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
-		e := entry{uid: uid, action: ActionDeleted, owner: owner, cause: cause}
-		deleted, err := scanReturned(in(r.del).QueryRowContext(ctx, uid, owner), &e)
-		if !deleted {
-			return nil, err
-		}
-		n = 1
-		return []entry{e}, nil
-	})
-	if err != nil {
-		return false, fmt.Errorf("delete row %s: %w", uid, err)
-	}
-	return r.changedOrAbsent(ctx, n, Record{UID: uid, Owner: owner})
+// Delete lets owner's row for uid go for its Student's finalizer (cause): the one
+// path that destroys a row, and only one whose recorded policy is Delete. A row of the
+// owner that records another policy, or none, is released as it stands. A missing
+// row is no error (Absent: the delete already happened); a row with another owner, or
+// already released, is ErrNotOwned; an observed one ErrObserved. A history row gives
+// cause.
+func (r *Registry) Delete(ctx context.Context, uid, owner, cause string) (Outcome, error) {
+	return r.letGo(ctx, uid, owner, cause, true)
 }
 
 // Release gives up rec.Owner's claim on the row for rec.UID: the row stays, with the
@@ -774,7 +800,7 @@ func (r *Registry) Release(ctx context.Context, rec Record, cause string) (bool,
 	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		e := entry{uid: rec.UID, action: ActionReleased, owner: rec.Owner, cause: cause}
 		released, err := scanReturned(in(r.release).QueryRowContext(ctx, rec.UID, rec.Owner,
-			rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Generation, now), &e)
+			rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Generation, now, causeValue(cause)), &e)
 		if !released {
 			return nil, err
 		}
@@ -838,38 +864,48 @@ func (r *Registry) MarkObserved(ctx context.Context, uid, owner string) error {
 	return fmt.Errorf("mark row %s observed: %w", uid, err)
 }
 
-// Outcome is what Relinquish did to a row.
+// Outcome is what Delete or Relinquish did to a row.
 type Outcome string
 
 const (
 	// Absent: there was no row.
 	Absent Outcome = ""
-	// Deleted: the row recorded the Delete policy and is gone.
+	// Deleted: the row recorded the Delete policy and is gone (Delete only).
 	Deleted Outcome = "deleted"
-	// Released: the row recorded Orphan, or no policy, and was released as it stood.
+	// Released: the row was released as it stood, its policy kept.
 	Released Outcome = "released"
 )
 
-// Relinquish gives up owner's row for uid without its Student at hand, per the policy
-// the row records: a Delete row is deleted; an Orphan row, or one whose policy is not
-// recorded yet, is released with the values it holds, so that no path that finds a row
-// without its Student ever deletes what should have been kept. A row with another
-// owner, or already released, is ErrNotOwned. A history row gives cause.
+// Relinquish gives up owner's row for uid found without its Student (cause: the
+// sweep, a stale cache): the row is released as it stands, whatever policy it
+// records, which it keeps (Record.ReleasedBy, Record.ReleaseCause say who and why).
+// Absence is no evidence that the Student was deleted (a forced finalizer removal,
+// an older backup put back, a cluster clone torn down, the CRD deleted), so no such
+// path deletes a row: Prune does, when an operator asks. A row with another owner, or
+// already released, is ErrNotOwned; an observed one ErrObserved. A history row gives
+// cause.
 func (r *Registry) Relinquish(ctx context.Context, uid, owner, cause string) (Outcome, error) {
+	return r.letGo(ctx, uid, owner, cause, false)
+}
+
+// letGo is Delete (mayDelete) and Relinquish.
+func (r *Registry) letGo(ctx context.Context, uid, owner, cause string, mayDelete bool) (Outcome, error) {
 	var deleted, released int64
 	now := r.now().UTC()
 	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		e := entry{uid: uid, action: ActionDeleted, owner: owner, cause: cause}
-		ok, err := scanReturned(in(r.delPolicy).QueryRowContext(ctx, uid, owner), &e)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			deleted = 1
-			return []entry{e}, nil
+		if mayDelete {
+			ok, err := scanReturned(in(r.delPolicy).QueryRowContext(ctx, uid, owner), &e)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				deleted = 1
+				return []entry{e}, nil
+			}
 		}
 		e.action = ActionReleased
-		if ok, err = scanReturned(in(r.releaseAsIs).QueryRowContext(ctx, uid, owner, now), &e); !ok {
+		if ok, err := scanReturned(in(r.releaseAsIs).QueryRowContext(ctx, uid, owner, now, causeValue(cause)), &e); !ok {
 			return nil, err
 		}
 		released = 1
@@ -886,6 +922,89 @@ func (r *Registry) Relinquish(ctx context.Context, uid, owner, cause string) (Ou
 		return Absent, err
 	}
 	return Released, nil
+}
+
+// causeValue is what a release records as its cause: "unspecified" when empty, as
+// the history does.
+func causeValue(cause string) string { return cmp.Or(cause, "unspecified") }
+
+// TakeBack owns and writes again the row for rec.UID that rec.Owner released, and
+// returns it as stored; a history row records it as restored, for cause. It is for a
+// Student of the row's uid that is live after its row was let go: an etcd restore
+// brought back a Student whose finalizer had released the row. A row that is not
+// released by rec.Owner (owned again, another owner's, adopted, observed) is left
+// alone: ErrNotOwned, ErrNotFound or ErrObserved.
+func (r *Registry) TakeBack(ctx context.Context, rec Record, cause string) (Record, error) {
+	if err := requireKey("take back", rec); err != nil {
+		return Record{}, err
+	}
+	now := r.now().UTC()
+	var created, updated time.Time
+	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		if err := in(r.takeBack).QueryRowContext(ctx, rowValues(rec, now)...).Scan(&created, &updated); err != nil {
+			return nil, err
+		}
+		return []entry{entryOf(rec, ActionRestored, cause)}, nil
+	})
+	switch {
+	case errors.Is(err, ErrFenced):
+		return Record{}, err
+	case errors.Is(err, sql.ErrNoRows):
+		stored, err := r.Get(ctx, rec.UID)
+		switch {
+		case err != nil:
+			return Record{}, fmt.Errorf("take back row %s: %w", rec.UID, err)
+		case stored.Owner != "":
+			return Record{}, fmt.Errorf("take back row %s: it is owned by %q: %w", rec.UID, stored.Owner, ErrNotOwned)
+		case stored.Management == ManagementObserve:
+			return Record{}, fmt.Errorf("take back row %s: %w", rec.UID, ErrObserved)
+		}
+		return Record{}, fmt.Errorf("take back row %s: released by %q, not %q: %w", rec.UID, stored.ReleasedBy, rec.Owner, ErrNotOwned)
+	case err != nil:
+		return Record{}, fmt.Errorf("take back row %s: %w", rec.UID, err)
+	}
+	return asStored(rec, created, updated), nil
+}
+
+// ListReleased returns the rows that owner released and nobody has taken since, by
+// namespace, name and UID, and apart from them the ones it cannot read.
+func (r *Registry) ListReleased(ctx context.Context, owner string) ([]Record, []MalformedRow, error) {
+	out, malformed, err := r.query(ctx, `SELECT `+columns+` FROM students WHERE owner IS NULL AND released_by = $1`, owner)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list rows released by %q: %w", owner, err)
+	}
+	slices.SortFunc(out, func(a, b Record) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), strings.Compare(a.UID, b.UID))
+	})
+	return out, malformed, nil
+}
+
+// Prunable says whether Prune deletes rec for owner: owner released it because its
+// Student was found missing (not by a finalizer), while it recorded the Delete policy,
+// and nobody has taken or observed it since.
+func Prunable(rec Record, owner string) bool {
+	return rec.Owner == "" && rec.ReleasedBy == owner && rec.DeletionPolicy == PolicyDelete && rec.Management == "" &&
+		(rec.ReleaseCause == CauseSweep || rec.ReleaseCause == CauseStaleCache)
+}
+
+// Prune deletes the row for uid when it is still Prunable for owner, with a history row
+// (ActionDeleted, CausePrune); it reports whether it did. It is the explicit delete of
+// a row that absence released (student-controller registry prune).
+func (r *Registry) Prune(ctx context.Context, uid, owner string) (bool, error) {
+	var n int64
+	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		e := entry{uid: uid, action: ActionDeleted, owner: owner, cause: CausePrune}
+		deleted, err := scanReturned(in(r.prune).QueryRowContext(ctx, uid, owner), &e)
+		if !deleted {
+			return nil, err
+		}
+		n = 1
+		return []entry{e}, nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("prune row %s: %w", uid, err)
+	}
+	return n > 0, nil
 }
 
 // affected is the number of rows a statement changed.

@@ -238,8 +238,8 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if _, err := r.Upsert(ctx, mine, registry.Why{Cause: "test"}); !errors.Is(err, registry.ErrNotOwned) {
 			t.Errorf("Upsert over another owner's row: %v, want ErrNotOwned", err)
 		}
-		if deleted, err := r.Delete(ctx, "u1", "ctl", "test"); !errors.Is(err, registry.ErrNotOwned) || deleted {
-			t.Errorf("Delete of another owner's row: %v, %v, want ErrNotOwned", deleted, err)
+		if outcome, err := r.Delete(ctx, "u1", "ctl", "test"); !errors.Is(err, registry.ErrNotOwned) || outcome != registry.Absent {
+			t.Errorf("Delete of another owner's row: %q, %v, want ErrNotOwned", outcome, err)
 		}
 		if released, err := r.Release(ctx, mine, "test"); !errors.Is(err, registry.ErrNotOwned) || released {
 			t.Errorf("Release of another owner's row: %v, %v, want ErrNotOwned", released, err)
@@ -250,20 +250,34 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 	})
 
-	t.Run("delete", func(t *testing.T) {
+	t.Run("delete destroys only a row that records Delete, and releases any other", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
-		if _, err := r.Upsert(ctx, student("u1", "ctl"), registry.Why{Cause: "test"}); err != nil {
-			t.Fatal(err)
-		}
-		if deleted, err := r.Delete(ctx, "u1", "ctl", "test"); err != nil || !deleted {
-			t.Fatalf("Delete: %v, %v, want true, nil", deleted, err)
-		}
-		if _, err := r.Get(ctx, "u1"); !errors.Is(err, registry.ErrNotFound) {
-			t.Errorf("row still there after Delete: %v", err)
+		want := map[string]registry.Outcome{"d": registry.Deleted, "o": registry.Released, "unknown": registry.Released}
+		for uid, policy := range map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan, "unknown": ""} {
+			rec := student(uid, "ctl")
+			rec.DeletionPolicy = policy
+			if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := r.Delete(ctx, uid, "ctl", registry.CauseFinalizer); err != nil || got != want[uid] {
+				t.Fatalf("Delete %s: %q, %v, want %q", uid, got, err, want[uid])
+			}
+			row, err := r.Get(ctx, uid)
+			switch want[uid] {
+			case registry.Deleted:
+				if !errors.Is(err, registry.ErrNotFound) {
+					t.Errorf("row %s still there after Delete: %+v, %v", uid, row, err)
+				}
+			case registry.Released:
+				if err != nil || row.Owner != "" || row.DeletionPolicy != policy || row.ReleasedBy != "ctl" ||
+					row.ReleaseCause != registry.CauseFinalizer || registry.Prunable(row, "ctl") {
+					t.Errorf("row %s after Delete: %+v, %v; want it released as it stood, by ctl, not prunable", uid, row, err)
+				}
+			}
 		}
 		// A delete is idempotent: once more is no error and deletes nothing.
-		if deleted, err := r.Delete(ctx, "u1", "ctl", "test"); err != nil || deleted {
-			t.Errorf("second Delete: %v, %v, want false, nil", deleted, err)
+		if got, err := r.Delete(ctx, "d", "ctl", "test"); err != nil || got != registry.Absent {
+			t.Errorf("second Delete: %q, %v, want nothing, nil", got, err)
 		}
 	})
 
@@ -287,6 +301,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		want.Owner, want.CreatedAt = "", written.CreatedAt
 		want.UpdatedAt, want.ReleasedAt = got.ReleasedAt, got.ReleasedAt
 		want.DeletionPolicy = registry.PolicyOrphan
+		want.ReleasedBy, want.ReleaseCause = "ctl", "test"
 		if diff := cmp.Diff(want, got); diff != "" || got.ReleasedAt.IsZero() {
 			t.Errorf("released row (-want +got):\n%s", diff)
 		}
@@ -510,9 +525,9 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		}
 	})
 
-	t.Run("relinquish deletes a Delete row and releases any other as it stands", func(t *testing.T) {
+	t.Run("relinquish never deletes: it releases every row as it stands, Delete ones prunable", func(t *testing.T) {
 		r := open(t, newURL(t, b), newFakeClock())
-		want := map[string]registry.Outcome{"d": registry.Deleted, "o": registry.Released, "unknown": registry.Released}
+		want := map[string]registry.Outcome{"d": registry.Released, "o": registry.Released, "unknown": registry.Released}
 		for uid, policy := range map[string]string{"d": registry.PolicyDelete, "o": registry.PolicyOrphan, "unknown": ""} {
 			rec := student(uid, "ctl")
 			rec.DeletionPolicy = policy
@@ -522,24 +537,66 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 			if _, err := r.Relinquish(ctx, uid, "other", "test"); !errors.Is(err, registry.ErrNotOwned) {
 				t.Errorf("Relinquish %s by another owner: %v, want ErrNotOwned", uid, err)
 			}
-			got, err := r.Relinquish(ctx, uid, "ctl", "test")
+			got, err := r.Relinquish(ctx, uid, "ctl", registry.CauseSweep)
 			if err != nil || got != want[uid] {
 				t.Errorf("Relinquish %s: %q, %v; want %q", uid, got, err, want[uid])
 			}
 			row, err := r.Get(ctx, uid)
-			switch want[uid] {
-			case registry.Deleted:
-				if !errors.Is(err, registry.ErrNotFound) {
-					t.Errorf("row %s after delete: %+v, %v", uid, row, err)
-				}
-			case registry.Released:
-				if err != nil || row.Owner != "" || row.ReleasedAt.IsZero() || row.StudentName != rec.StudentName {
-					t.Errorf("row %s after release: %+v, %v", uid, row, err)
-				}
+			if err != nil || row.Owner != "" || row.ReleasedAt.IsZero() || row.StudentName != rec.StudentName ||
+				row.DeletionPolicy != policy || row.ReleasedBy != "ctl" || row.ReleaseCause != registry.CauseSweep {
+				t.Errorf("row %s after release: %+v, %v; want it kept with its policy, released by ctl for the sweep", uid, row, err)
 			}
+			if prunable := registry.Prunable(row, "ctl"); prunable != (policy == registry.PolicyDelete) || registry.Prunable(row, "other") {
+				t.Errorf("row %s: prunable by ctl %v; want it only where its policy is Delete, and never by another owner", uid, prunable)
+			}
+		}
+		// Prune deletes the prunable row alone, once, on record.
+		for uid, wantPruned := range map[string]bool{"d": true, "o": false, "unknown": false} {
+			if pruned, err := r.Prune(ctx, uid, "other"); err != nil || pruned {
+				t.Errorf("Prune %s by another owner: %v, %v; want nothing", uid, pruned, err)
+			}
+			if pruned, err := r.Prune(ctx, uid, "ctl"); err != nil || pruned != wantPruned {
+				t.Errorf("Prune %s: %v, %v; want %v", uid, pruned, err, wantPruned)
+			}
+		}
+		if _, err := r.Get(ctx, "d"); !errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("row d after Prune: %v, want it gone", err)
+		}
+		if h, err := r.History(ctx, "default", "zhang-san-d"); err != nil || len(h) == 0 || h[len(h)-1].Cause != registry.CausePrune {
+			t.Errorf("history of d: %+v, %v; want it to end with the prune", h, err)
 		}
 		if got, err := r.Relinquish(ctx, "nope", "ctl", "test"); err != nil || got != registry.Absent {
 			t.Errorf("Relinquish of a missing row: %q, %v", got, err)
+		}
+	})
+
+	t.Run("take back: only the owner that released a row owns it again", func(t *testing.T) {
+		r := open(t, newURL(t, b), newFakeClock())
+		rec := student("u1", "ctl")
+		rec.DeletionPolicy = registry.PolicyOrphan
+		if _, err := r.Upsert(ctx, rec, registry.Why{Cause: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Release(ctx, rec, registry.CauseFinalizer); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.TakeBack(ctx, student("u1", "other"), registry.CauseTakenBack); !errors.Is(err, registry.ErrNotOwned) {
+			t.Errorf("TakeBack by another owner: %v, want ErrNotOwned", err)
+		}
+		rec.School, rec.Generation = "北京四中", 2
+		got, err := r.TakeBack(ctx, rec, registry.CauseTakenBack)
+		if err != nil || got.Owner != "ctl" || got.School != "北京四中" {
+			t.Fatalf("TakeBack: %+v, %v", got, err)
+		}
+		row, err := r.Get(ctx, "u1")
+		if err != nil || row.Owner != "ctl" || row.ReleasedBy != "" || row.ReleaseCause != "" || !row.ReleasedAt.IsZero() || row.Generation != 2 {
+			t.Errorf("row after TakeBack: %+v, %v; want it owned again, at generation 2", row, err)
+		}
+		if _, err := r.TakeBack(ctx, rec, registry.CauseTakenBack); !errors.Is(err, registry.ErrNotOwned) {
+			t.Errorf("TakeBack of an owned row: %v, want ErrNotOwned", err)
+		}
+		if _, err := r.TakeBack(ctx, student("missing", "ctl"), registry.CauseTakenBack); !errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("TakeBack of no row: %v, want ErrNotFound", err)
 		}
 	})
 
@@ -813,15 +870,15 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if _, err := r.Delete(ctx, "u1", "someone-else", registry.CauseFinalizer); !errors.Is(err, registry.ErrNotOwned) {
 			t.Fatalf("delete as another owner: %v", err)
 		}
-		if deleted, err := r.Delete(ctx, "absent", "ctl", registry.CauseFinalizer); err != nil || deleted {
-			t.Fatalf("delete of no row: %v, %v", deleted, err)
+		if outcome, err := r.Delete(ctx, "absent", "ctl", registry.CauseFinalizer); err != nil || outcome != registry.Absent {
+			t.Fatalf("delete of no row: %q, %v", outcome, err)
 		}
 		_, err = r.Delete(ctx, "u1", "ctl", registry.CauseFinalizer)
 		write(err)
 		_, err = r.Upsert(ctx, u1, registry.Why{Action: registry.ActionRestored, Cause: registry.CauseRestore})
 		write(err)
 		outcome, err := r.Relinquish(ctx, "u1", "ctl", registry.CauseSweep)
-		if err != nil || outcome != registry.Deleted {
+		if err != nil || outcome != registry.Released {
 			t.Fatalf("Relinquish: %v, %v", outcome, err)
 		}
 		u2 := student("u2", "ctl")
@@ -861,7 +918,7 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 				{registry.ActionUpdated, registry.CauseSpecChange, "北京四中", 2, del},
 				{registry.ActionDeleted, registry.CauseFinalizer, "北京四中", 2, del},
 				{registry.ActionRestored, registry.CauseRestore, "北京四中", 2, del},
-				{registry.ActionDeleted, registry.CauseSweep, "北京四中", 2, del},
+				{registry.ActionReleased, registry.CauseSweep, "北京四中", 2, del},
 			},
 			"u2": {
 				{registry.ActionCreated, registry.CauseNewStudent, "深圳中学", 1, orphan},

@@ -172,7 +172,7 @@ func (r *countingRegistry) Upsert(ctx context.Context, rec registry.Record, why 
 	return r.Registry.Upsert(ctx, rec, why)
 }
 
-func (r *countingRegistry) Delete(ctx context.Context, uid, owner, cause string) (bool, error) {
+func (r *countingRegistry) Delete(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
 	r.writes.Add(1)
 	return r.Registry.Delete(ctx, uid, owner, cause)
 }

@@ -105,7 +105,7 @@ func testPlan(t *testing.T, b registrytest.Backend) {
 	want := []string{
 		"release s-004 finalizer", "update s-000 spec-change", "update s-001 drift", "restore s-002 restore",
 		"delete s-003 finalizer", "create new new-student", "refuse theirs the row is owned by \"another-owner\"",
-		"delete ghost sweep",
+		"release ghost sweep",
 	}
 	for _, w := range want {
 		f := strings.Fields(w)
@@ -178,7 +178,7 @@ func testPlan(t *testing.T, b registrytest.Backend) {
 			}
 		}
 		var ghost int
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM students WHERE uid = 'ghost-uid'`).Scan(&ghost); err != nil {
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM students WHERE uid = 'ghost-uid' AND owner IS NOT NULL`).Scan(&ghost); err != nil {
 			return false, err
 		}
 		return len(list.Items) == 6 && ready == 5 && ghost == 0, nil
@@ -186,8 +186,10 @@ func testPlan(t *testing.T, b registrytest.Backend) {
 	if diff := cmp.Diff(planned, historySince(t, db, before.LastHistory)); diff != "" {
 		t.Errorf("the plan's row writes (-) against what the controller wrote (+):\n%s", diff)
 	}
-	if table, code := plan(); code != 0 || !strings.Contains(table, "Nothing would change.") {
-		t.Errorf("plan after the controller caught up: exit %d, want 0:\n%s", code, table)
+	// The ghost's row, released with its policy Delete, is listed for prune, and is no change.
+	if table, code := plan(); code != 0 || !strings.Contains(table, "Nothing would change.") || !strings.Contains(table, "prunable") ||
+		!strings.Contains(table, "ghost-uid") {
+		t.Errorf("plan after the controller caught up: exit %d, want 0, the ghost's row prunable:\n%s", code, table)
 	}
 
 	// An owner bound to another cluster: the controller would refuse to start.

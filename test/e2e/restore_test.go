@@ -21,6 +21,7 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -228,35 +229,51 @@ func copyDir(t *testing.T, from, to string) {
 	}
 }
 
-// TestBackupDrill: a backup taken with `registry backup` while the controller writes,
-// then restored once the cluster has moved on (a Student changed, two deleted, one
-// created): with the controller stopped, the copy put in place of the registry's file,
-// the controller started again. The live Students' rows come back as their Students
-// are, the rows of the Students deleted since go by the policy they record (the sweep,
-// within its bounds), and the row that did not change is not written.
+// TestBackupDrill: a backup taken while the controller writes (`registry backup` on
+// SQLite, pg_dump on PostgreSQL), then restored once the cluster has moved on: a
+// Student changed, three deleted (one of them switched from Delete to Orphan first),
+// one created. With the controller stopped the backup is put back, and the controller
+// started again. The live Students' rows come back as their Students are, the row that
+// did not change is not written, and no row is destroyed on absence: the rows of the
+// Students deleted since are kept, released, whatever policy the older backup says.
+// registry prune lists the Delete ones, refuses to delete while the controller holds
+// the owner's fence, and deletes them once it is stopped.
 func TestBackupDrill(t *testing.T) {
 	t.Parallel()
+	registrytest.ForEach(t, pg, testBackupDrill)
+}
+
+func testBackupDrill(t *testing.T, b registrytest.Backend) {
 	ctx := context.Background()
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	client := students(ns)
-	path := filepath.Join(t.TempDir(), "registry.db")
-	url := "sqlite://" + path
-	args := []string{"--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--registry", url, "--registry-owner", owner, "--sweep-interval", "2s"}
+	url, db := b.New(t)
+	procURL, passwordArgs := registrytest.ForProcess(t, url)
+	common := append([]string{"--kubeconfig", controllerID.Kubeconfig, "--registry", procURL, "--registry-owner", owner}, passwordArgs...)
+	args := append([]string{"--namespace", ns, "--sweep-interval", "2s"}, common...)
 	ctrl := startProcess(t, "controller", args...)
-	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"kept": "Delete", "changed": "Delete", "gone-delete": "Delete", "gone-orphan": "Orphan"})
-	waitAllReady(t, ns, 4, time.Minute)
+	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"kept": "Delete", "changed": "Delete", "gone-delete": "Delete",
+		"gone-orphan": "Orphan", "switched": "Delete"})
+	waitAllReady(t, ns, 5, time.Minute)
 
-	backup := filepath.Join(t.TempDir(), "backup.db")
-	out, err := exec.Command(ctrlbin.Binary(t), "registry", "backup", "--registry", url, "--to", backup).CombinedOutput() // #nosec G204 -- the controller built for the test
-	if err != nil || !strings.Contains(string(out), "(4 rows, 4 history rows)") {
-		t.Fatalf("registry backup: %v\n%s", err, out)
+	backup := filepath.Join(t.TempDir(), "backup")
+	var path string
+	if b.Name == "sqlite" {
+		path = strings.TrimPrefix(url, "sqlite://")
+		out, err := exec.Command(ctrlbin.Binary(t), "registry", "backup", "--registry", url, "--to", backup).CombinedOutput() // #nosec G204 -- the controller built for the test
+		if err != nil || !strings.Contains(string(out), "(5 rows, 5 history rows)") {
+			t.Fatalf("registry backup: %v\n%s", err, out)
+		}
+	} else {
+		pgTool(t, "pg_dump", "--format=custom", "--file="+backup, "--dbname="+url)
 	}
-	db := registrytest.OpenSQLite(t, path)
 	keptWritten := updatedAt(t, db, uids["kept"])
 
 	// The cluster moves on.
 	setSchool(t, client, "changed", "school B")
-	for _, name := range []string{"gone-delete", "gone-orphan"} {
+	setPolicy(t, client, "switched", studentv1.DeletionPolicyOrphan)
+	waitAllReady(t, ns, 5, time.Minute)
+	for _, name := range []string{"gone-delete", "gone-orphan", "switched"} {
 		if err := client.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -273,30 +290,95 @@ func TestBackupDrill(t *testing.T) {
 	if err := ctrl.wait(45 * time.Second); err != nil {
 		t.Fatalf("the controller's exit: %v", err)
 	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{path + "-wal", path + "-shm"} {
-		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if b.Name == "sqlite" {
+		if err := db.Close(); err != nil {
 			t.Fatal(err)
 		}
+		for _, f := range []string{path + "-wal", path + "-shm"} {
+			if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Fatal(err)
+			}
+		}
+		copyFile(t, backup, path)
+		db = registrytest.OpenSQLite(t, path)
+	} else {
+		pgTool(t, "pg_restore", "--clean", "--if-exists", "--single-transaction", "--dbname="+url, backup)
 	}
-	copyFile(t, backup, path)
-	db = registrytest.OpenSQLite(t, path)
-	startProcess(t, "controller-after-restore", args...)
+	ctrl = startProcess(t, "controller-after-restore", args...)
 
-	waitRows(t, db, "the rows as the Students are", func(rows map[string]row) bool {
-		_, goneDelete := rows[uids["gone-delete"]]
-		return len(rows) == 4 && !goneDelete &&
+	released := row{"", "school A", 1}
+	waitRows(t, db, "the rows as the Students are, the deleted ones' kept and released", func(rows map[string]row) bool {
+		return len(rows) == 6 &&
 			rows[uids["kept"]] == row{owner, "school A", 1} &&
 			rows[uids["changed"]] == row{owner, "school B", 2} &&
 			rows[uids["created"]] == row{owner, "school A", 1} &&
-			rows[uids["gone-orphan"]] == row{"", "school A", 1}
+			rows[uids["gone-delete"]] == released && rows[uids["gone-orphan"]] == released && rows[uids["switched"]] == released
 	})
 	if got := updatedAt(t, db, uids["kept"]); got != keptWritten {
 		t.Errorf("the row that did not change was written: updated_at %s, was %s", got, keptWritten)
 	}
 	waitAllReady(t, ns, 3, time.Minute)
+
+	// prune: the two rows the backup says Delete, listed; refused while the controller
+	// holds the fence; deleted once it is stopped.
+	prune := func(extra ...string) (string, int) {
+		cmd := exec.Command(ctrlbin.Binary(t), append(append([]string{"registry", "prune", "--namespace", ns}, common...), extra...)...) // #nosec G204 -- the controller built for the test
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	out, code := prune()
+	if code != 2 || !strings.Contains(out, uids["gone-delete"]) || !strings.Contains(out, uids["switched"]) || strings.Contains(out, uids["gone-orphan"]) {
+		t.Errorf("registry prune: exit %d; want 2, listing gone-delete and switched alone:\n%s", code, out)
+	}
+	if out, code := prune("--yes"); code != 1 || !strings.Contains(out, "held by") {
+		t.Errorf("registry prune --yes while the controller runs: exit %d; want 1, naming the fence's holder:\n%s", code, out)
+	}
+	if rows := sqliteRows(t, db); len(rows) != 6 {
+		t.Errorf("rows after the refused prune: %d, want 6", len(rows))
+	}
+	ctrl.signal(syscall.SIGTERM)
+	if err := ctrl.wait(45 * time.Second); err != nil {
+		t.Fatalf("the controller's exit: %v", err)
+	}
+	if out, code := prune("--yes"); code != 0 || !strings.Contains(out, "pruned 2 of 2") {
+		t.Errorf("registry prune --yes: exit %d; want 0, 2 pruned:\n%s", code, out)
+	}
+	rows := sqliteRows(t, db)
+	_, goneDelete := rows[uids["gone-delete"]]
+	_, switched := rows[uids["switched"]]
+	if len(rows) != 4 || goneDelete || switched || rows[uids["gone-orphan"]] != released {
+		t.Errorf("rows after prune: %v; want the two pruned gone, the Orphan one kept", rows)
+	}
+}
+
+// pgTool runs one of PostgreSQL's client programs (pg_dump, pg_restore).
+func pgTool(t *testing.T, name string, args ...string) {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(pgtest.BinDir(), name), args...).CombinedOutput() // #nosec G204 -- the test's own arguments
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, out)
+	}
+}
+
+// setPolicy changes a Student's deletion policy: a new generation.
+func setPolicy(t *testing.T, client studentclient.StudentInterface, name string, policy studentv1.DeletionPolicy) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := client.Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Spec.DeletionPolicy = policy
+		_, err = client.Update(context.Background(), s, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // updatedAt reads a row's updated_at as the registry stores it.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -25,8 +26,8 @@ import (
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
-// uninstallCluster is a control plane of its own for an uninstall (which deletes the
-// CRD), with a controller running on a SQLite registry and Students of both policies.
+// uninstallCluster is a control plane of its own for an uninstall, with a controller
+// running on a SQLite registry and Students of both policies.
 type uninstallCluster struct {
 	cp       *controlplane.Env
 	kube     kubernetes.Interface
@@ -109,14 +110,14 @@ func (u *uninstallCluster) uninstall(timeout string, how ...string) (string, err
 	return string(out), err
 }
 
-// assertNothingLeft checks the end of an uninstall: no Student, no CRD, the namespaces
-// that held Students deleted for good, and the rows per policy: Delete rows gone,
-// Orphan rows kept and released.
+// assertNothingLeft checks the end of an uninstall: no Student, the CRD kept (no
+// uninstall deletes it), the namespaces that held Students deleted for good, and the
+// rows per policy: Delete rows gone, Orphan rows kept and released.
 func (u *uninstallCluster) assertNothingLeft(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := u.kube.Discovery().ServerResourcesForGroupVersion("bolingcavalry.k8s.io/v1"); !apierrors.IsNotFound(err) {
-		t.Errorf("the Student API is still served after the uninstall: %v", err)
+	if list, err := u.students.BolingcavalryV1().Students("").List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 0 {
+		t.Errorf("Students after the uninstall: %v, %v; want none, and the CRD still served", list, err)
 	}
 	for _, ns := range []string{"school-a", "school-b"} {
 		if err := u.kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -346,9 +347,11 @@ func TestUninstall(t *testing.T) {
 		}
 	})
 
-	// An operator who deletes what config/default installed, by hand: the registry's
-	// claim and the namespace it lives in (config/registry) stay, rows and all.
-	t.Run("kubectl delete -k config/default keeps the registry", func(t *testing.T) {
+	// An operator who deletes what config/default installed, by hand, while its
+	// controller still runs (its grace period): the CRD (config/crd), every Student, the
+	// registry's claim and the namespace it lives in (config/registry) stay, rows and
+	// all. Installed again, the controller finds every row as it was.
+	t.Run("kubectl delete -k config/default keeps the CRD, the Students and the registry", func(t *testing.T) {
 		t.Parallel()
 		u := newUninstallCluster(t)
 		kubectl := func(args ...string) {
@@ -357,10 +360,36 @@ func TestUninstall(t *testing.T) {
 				t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 			}
 		}
-		kubectl("apply", "-k", filepath.Join(u.cp.Root, "config", "registry"))
-		kubectl("apply", "-k", filepath.Join(u.cp.Root, "config", "default"))
+		for _, dir := range []string{"crd", "registry", "default"} {
+			kubectl("apply", "-k", filepath.Join(u.cp.Root, "config", dir))
+		}
+		// The Deployment's controller, as its Pod would run it (no kubelet here).
+		ctrl := startProcess(t, "controller", u.args...)
+		u.populate(t)
+		before := rowsOf(t, u.db)
 		kubectl("delete", "-k", filepath.Join(u.cp.Root, "config", "default"), "--wait", "--timeout=2m")
 		ctx := context.Background()
+		list, err := u.students.BolingcavalryV1().Students("").List(ctx, metav1.ListOptions{})
+		if err != nil || len(list.Items) != 10 {
+			t.Fatalf("Students after kubectl delete -k config/default: %d, %v; want all 10", len(list.Items), err)
+		}
+		for _, s := range list.Items {
+			if s.DeletionTimestamp != nil {
+				t.Errorf("Student %s/%s is being deleted", s.Namespace, s.Name)
+			}
+		}
+		ctrl.signal(syscall.SIGTERM)
+		if err := ctrl.wait(45 * time.Second); err != nil {
+			t.Errorf("the controller's exit: %v", err)
+		}
+		kubectl("apply", "-k", filepath.Join(u.cp.Root, "config", "default"))
+		startProcess(t, "controller-again", u.args...)
+		for _, ns := range []string{"school-a", "school-b"} {
+			waitAllReadyIn(t, u.students.BolingcavalryV1().Students(ns), 5, time.Minute)
+		}
+		if diff := cmp.Diff(before, rowsOf(t, u.db)); diff != "" || len(before) != 10 {
+			t.Errorf("rows after the uninstall and the install again (-before +after), %d before:\n%s", len(before), diff)
+		}
 		if _, err := u.kube.AppsV1().Deployments(controlplane.ControllerNamespace).Get(ctx, "student-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("the Deployment after kubectl delete -k config/default: %v, want it gone", err)
 		}

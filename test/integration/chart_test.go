@@ -75,14 +75,14 @@ func TestChartMatchesKustomize(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	chart := substance(t, helm(ctx, t, "template", chartRelease, chartDir, "--namespace", chartNS, "--include-crds", "--kube-version", kubeVersion))
 	kustomize := map[string]map[string]any{}
-	for _, dir := range []string{"registry", "default"} {
+	for _, dir := range []string{"crd", "registry", "default"} {
 		kustomized, err := exec.CommandContext(ctx, "kubectl", "kustomize", filepath.Join(env.Root, "config", dir)).Output()
 		if err != nil {
 			t.Fatalf("kubectl kustomize config/%s: %v", dir, err)
 		}
 		for key, obj := range substance(t, string(kustomized)) {
 			if _, twice := kustomize[key]; twice {
-				t.Errorf("%s is in config/registry and config/default: deleting config/default would delete it", key)
+				t.Errorf("%s is in two of config/crd, config/registry and config/default: deleting config/default would delete it", key)
 			}
 			kustomize[key] = obj
 		}

@@ -49,6 +49,7 @@ func TestHelmInstall(t *testing.T) {
 func TestKustomizeInstall(t *testing.T) {
 	dir := overlay(t, "config/default", "")
 	cleanupInstall(t, "kustomize", dir)
+	run(t, "kubectl", "apply", "-k", "config/crd")
 	run(t, "kubectl", "apply", "-k", "config/registry")
 	run(t, "kubectl", "apply", "-k", dir)
 	// config/registry's namespace enforces restricted Pod Security itself.
@@ -201,9 +202,11 @@ func assertUninstalled(t *testing.T, out string) {
 		if err != nil {
 			return false, nil // asked again
 		}
-		if _, err := kube.Discovery().ServerResourcesForGroupVersion("bolingcavalry.k8s.io/v1"); !apierrors.IsNotFound(err) {
-			return false, nil
+		// No Student left; the CRD stays (no uninstall deletes it).
+		students, err := stu.BolingcavalryV1().Students("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil // asked again
 		}
-		return len(pods.Items) == 0, nil
+		return len(pods.Items) == 0 && len(students.Items) == 0, nil
 	}, func() string { return "hack/uninstall.sh said:\n" + out })
 }

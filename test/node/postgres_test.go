@@ -118,6 +118,7 @@ func TestPostgresKustomize(t *testing.T) {
 	cleanupInstall(t, "kustomize", dir)
 	restrictedNamespace(t, systemNamespace)
 	pg.passwordSecret(t)
+	run(t, "kubectl", "apply", "-k", "config/crd")
 	run(t, "kubectl", "apply", "-k", dir)
 	readyPods(t, systemNamespace, 2, 3*time.Minute)
 	diagnose := func() string { return describe(systemNamespace) }

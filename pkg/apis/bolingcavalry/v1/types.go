@@ -202,6 +202,10 @@ const (
 	ReasonDrifted = "Drifted"
 	// ReasonInLine: an observed Student's registry row matches its spec.
 	ReasonInLine = "InLine"
+	// ReasonRowReleased: this controller released the Student's registry row (an etcd
+	// restore brought the Student back after its deletion), and did not take it back:
+	// it has taken back as many rows as it does on its own (--registry-max-rewinds).
+	ReasonRowReleased = "RowReleased"
 )
 
 // StudentList is a list of Students.

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+)
+
+// pruneOptions are prune's own flags.
+type pruneOptions struct {
+	max     int
+	yes     bool
+	migrate bool
+}
+
+// pruneRows runs "student-controller registry prune": the one explicit delete of rows
+// that absence released. It lists the rows the owner released without their Students
+// while they recorded the Delete policy, keeps those whose Student the API server has
+// (its controller takes them back), and with --yes deletes the rest, holding the
+// owner's write fence; past --max-prunes it deletes none. It returns the exit code: 2
+// when rows would be pruned (no --yes) or the bound refused them, 0 otherwise.
+func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Writer) (int, error) {
+	_, students, cluster, err := commandClients(ctx, opts)
+	if err != nil {
+		return 1, err
+	}
+	var reg *registry.Registry
+	release := func() {}
+	if po.yes {
+		if reg, release, err = openFenced(ctx, opts, po.migrate); err != nil {
+			return 1, err
+		}
+	} else {
+		if reg, err = registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), ReadOnly: true}); err != nil {
+			return 1, err
+		}
+	}
+	defer func() { release(); _ = reg.Close() }()
+	if err := reg.CheckBinding(ctx, opts.owner, cluster); err != nil {
+		return 1, err
+	}
+	released, malformed, err := reg.ListReleased(ctx, opts.owner)
+	if err != nil {
+		return 1, err
+	}
+	var prune, live []registry.Record
+	for _, r := range released {
+		if !registry.Prunable(r, opts.owner) || !opts.scope.Contains(r.Namespace) {
+			continue
+		}
+		there, err := studentThere(ctx, students, r)
+		if err != nil {
+			return 1, err
+		}
+		if there {
+			live = append(live, r)
+			continue
+		}
+		prune = append(prune, r)
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ACTION\tNAMESPACE\tNAME\tUID\tRELEASED\tCAUSE")
+	for _, r := range prune {
+		fmt.Fprintf(w, "prune\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.UID, r.ReleasedAt.Format("2006-01-02T15:04:05Z"), r.ReleaseCause)
+	}
+	for _, r := range live {
+		fmt.Fprintf(w, "keep\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.UID, r.ReleasedAt.Format("2006-01-02T15:04:05Z"),
+			"its Student is there: its controller takes the row back")
+	}
+	if err := w.Flush(); err != nil {
+		return 1, err
+	}
+	fmt.Fprintf(stdout, "registry %s, owner %q: %d released rows of policy Delete without a Student, %d kept (Student there), %d unreadable\n",
+		reg, opts.owner, len(prune), len(live), len(malformed))
+	switch {
+	case len(prune) == 0:
+		return 0, nil
+	case len(prune) > po.max:
+		fmt.Fprintf(stdout, "Refused: %d rows to prune, more than --max-prunes (%d); nothing was deleted\n", len(prune), po.max)
+		return 2, nil
+	case !po.yes:
+		fmt.Fprintln(stdout, "Nothing was deleted. Check the list, back up the registry, then run again with --yes")
+		return 2, nil
+	}
+	done := 0
+	for _, r := range prune {
+		ok, err := reg.Prune(ctx, r.UID, opts.owner)
+		if err != nil {
+			return 1, fmt.Errorf("%d of %d pruned; %s/%s (row %s): %w", done, len(prune), r.Namespace, r.Name, r.UID, err)
+		}
+		if ok {
+			done++
+		}
+	}
+	fmt.Fprintf(stdout, "pruned %d of %d rows (history: deleted, cause %s)\n", done, len(prune), registry.CausePrune)
+	return 0, nil
+}
+
+// studentThere asks the API server whether the Student of row is there: of its
+// namespace, name and uid.
+func studentThere(ctx context.Context, client versioned.Interface, row registry.Record) (bool, error) {
+	s, err := client.BolingcavalryV1().Students(row.Namespace).Get(ctx, row.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("ask whether Student %s/%s is there: %w", row.Namespace, row.Name, err)
+	}
+	return string(s.UID) == row.UID, nil
+}
