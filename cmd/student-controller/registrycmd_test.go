@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/student-controller/student-controller/internal/registry"
 )
@@ -71,5 +72,46 @@ func TestRegistryCommandsKeepTheSchema(t *testing.T) {
 	if code := registryCommand(ctx, []string{"backup", "--registry", url, "--to", to}, &stdout, &stderr); code != 0 ||
 		!strings.Contains(stdout.String(), "(1 rows, 1 history rows)") {
 		t.Errorf("backup: exit %d, %q (%s); want 0 and what the copy holds", code, stdout.String(), stderr.String())
+	}
+}
+
+// TestRegistryCommandsRefuseWhileAControllerHoldsTheFence: a subcommand that writes
+// for an owner takes the owner's write fence first; while a live controller of the
+// owner holds it, it refuses, names the holder and changes nothing. Once the fence is
+// given back it goes ahead.
+func TestRegistryCommandsRefuseWhileAControllerHoldsTheFence(t *testing.T) {
+	ctx := context.Background()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "registry.db")
+	ctl, err := registry.Open(ctx, url, registry.Options{Actor: "the-controller", LeaseDuration: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	if _, err := ctl.Upsert(ctx, registry.Record{UID: "u1", Namespace: "default", Name: "a", StudentName: "张三", School: "深圳中学", Owner: "old", Generation: 1},
+		registry.Why{Cause: registry.CauseNewStudent}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.TakeFence(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"rename-owner", "--registry", url, "--registry-owner", "old", "--to", "new"}
+	var stdout, stderr bytes.Buffer
+	if code := registryCommand(ctx, args, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), ctl.Holder()) ||
+		!strings.Contains(stderr.String(), "Nothing was changed") {
+		t.Errorf("rename-owner while a controller holds the fence: exit %d, %q; want 1, naming %s", code, stderr.String(), ctl.Holder())
+	}
+	if row, err := ctl.Get(ctx, "u1"); err != nil || row.Owner != "old" {
+		t.Errorf("the row after the refusal: %+v, %v; want it old's still", row, err)
+	}
+	if err := ctl.ReleaseFence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Reset()
+	stderr.Reset()
+	if code := registryCommand(ctx, args, &stdout, &stderr); code != 0 {
+		t.Errorf("rename-owner once the fence is given back: exit %d, %q", code, stderr.String())
+	}
+	if row, err := ctl.Get(ctx, "u1"); err != nil || row.Owner != "new" {
+		t.Errorf("the row after rename-owner: %+v, %v; want it new's", row, err)
 	}
 }

@@ -115,13 +115,21 @@ func (r *Registry) Lead(ctx context.Context, owner, cluster string, waiting func
 	if !fenced && !r.waitForFence(ctx, owner, waiting) {
 		return false, nil
 	}
+	r.led.Store(&lead{owner: owner, cluster: cluster})
 	return true, nil
 }
+
+// lead is what Lead made this registry's: the owner it writes for and the cluster
+// that owner is bound to, which Hold checks again at each renewal.
+type lead struct{ owner, cluster string }
 
 // Hold renews the write fence every third of its lease until ctx ends, then gives it
 // back (the caller has drained its writes), so the next controller takes it at once.
 // It returns ErrFenced as soon as another controller has taken the fence (this one's
-// renewals failed for a whole lease); other failures are retried at the next renewal.
+// renewals failed for a whole lease). With each renewal it checks what Lead found
+// too: ErrOtherCluster once the owner was moved to another cluster, ErrSchemaNewer
+// once a newer program migrated the schema; it then gives the fence back. Other
+// failures are retried at the next renewal.
 func (r *Registry) Hold(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	tick := time.NewTicker(r.lease / 3)
@@ -135,9 +143,15 @@ func (r *Registry) Hold(ctx context.Context) error {
 		}
 		renewCtx, cancel := context.WithTimeout(ctx, r.lease/3)
 		err := r.RenewFence(renewCtx)
+		if err == nil {
+			err = r.checkLead(renewCtx)
+		}
 		cancel()
 		switch {
 		case errors.Is(err, ErrFenced):
+			return err
+		case errors.Is(err, ErrOtherCluster), errors.Is(err, ErrSchemaNewer):
+			r.giveBack(ctx)
 			return err
 		case err != nil && ctx.Err() == nil:
 			logger.Error(err, "Cannot renew the registry's write fence; retrying", "lease", r.lease)
@@ -165,6 +179,20 @@ func (r *Registry) Fence(ctx context.Context, owner string) (release func(), err
 		stop()
 		<-held
 	}, nil
+}
+
+// checkLead checks again what Lead found: the schema no newer than this program's,
+// the owner still bound to the cluster. Nothing to check for a registry that did not
+// lead (a command's Fence).
+func (r *Registry) checkLead(ctx context.Context) error {
+	l := r.led.Load()
+	if l == nil {
+		return nil
+	}
+	if err := r.CheckSchema(ctx); err != nil {
+		return err
+	}
+	return r.CheckBinding(ctx, l.owner, l.cluster)
 }
 
 // keepFence renews the fence this registry holds every third of its lease until the

@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -101,5 +102,45 @@ func TestLead(t *testing.T) {
 	}
 	if _, err := other.TakeFence(ctx, "ctl"); err != nil {
 		t.Errorf("TakeFence once Hold gave it back: %v", err)
+	}
+}
+
+// TestHoldChecksWhatLeadFound: with each renewal of the fence, Hold checks the owner's
+// binding and the schema again, so a controller stops once its owner was moved to
+// another cluster or a newer program migrated the schema, even with the sweep off;
+// it gives the fence back, and the next controller takes it at once.
+func TestHoldChecksWhatLeadFound(t *testing.T) {
+	for name, change := range map[string]struct {
+		sql  string
+		want error
+	}{
+		"owner moved":  {`UPDATE owner_clusters SET cluster = 'cluster-b' WHERE owner = 'ctl'`, registry.ErrOtherCluster},
+		"schema newer": {`INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, '0999_future.sql', '2026-12-06 00:00:00')`, registry.ErrSchemaNewer},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			url, db := registrytest.SQLiteBackend().New(t)
+			r := openWith(t, url, registry.Options{Actor: "me", LeaseDuration: 300 * time.Millisecond})
+			if ok, err := r.Lead(ctx, "ctl", "cluster-a", nil); !ok || err != nil {
+				t.Fatalf("Lead: %v, %v", ok, err)
+			}
+			held := make(chan error, 1)
+			go func() { held <- r.Hold(ctx) }()
+			if _, err := db.Exec(change.sql); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-held:
+				if !errors.Is(err, change.want) {
+					t.Fatalf("Hold: %v, want %v", err, change.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Hold goes on after the change")
+			}
+			var holder sql.NullString
+			if err := db.QueryRow(`SELECT holder FROM fences WHERE owner = 'ctl'`).Scan(&holder); err != nil || holder.Valid {
+				t.Errorf("the fence's holder after Hold ended: %v, %v; want none: given back", holder, err)
+			}
+		})
 	}
 }

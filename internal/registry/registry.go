@@ -171,6 +171,8 @@ type Registry struct {
 	// while it holds none and writes unfenced.
 	fence      atomic.Int64
 	fenceOwner atomic.Pointer[string]
+	// led is what Lead made this registry's, for Hold's checks; nil before.
+	led atomic.Pointer[lead]
 	// holder names this registry in the fences it holds: the actor and a random
 	// suffix, new in each process. lease is Options.LeaseDuration.
 	holder string
