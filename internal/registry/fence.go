@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -74,15 +75,24 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 		return fail(err)
 	}
 	defer done()
+	// A controller that waits asks first, with a read that locks nothing: the insert
+	// below locks the fence's row on PostgreSQL even when its WHERE is false, and a
+	// waiter paused inside its transaction would then hold up every fenced write of
+	// the holder. The write comes only once the lease has lapsed.
+	if held, err := r.fenceHeld(ctx, owner); err != nil {
+		return fail(err)
+	} else if held != nil {
+		return 0, held
+	}
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fail(err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	// A former holder paused inside a write holds the fence row's lock: wait for it a
-	// while, then fail and let the caller retry (the server ends such a transaction:
-	// idle_in_transaction_session_timeout).
-	if err := limitLockWait(ctx, tx, r.dialect, 10*time.Second); err != nil {
+	// A former holder paused inside a write holds the fence row's lock: wait for it
+	// less than a lease, then fail and let the caller retry (the server ends such a
+	// transaction: idle_in_transaction_session_timeout).
+	if err := limitLockWait(ctx, tx, r.dialect, min(10*time.Second, r.lease/2)); err != nil {
 		return fail(err)
 	}
 	taken, err := affected(tx.ExecContext(ctx, `INSERT INTO fences (owner, token, holder, expires_at) VALUES ($1, $2, $4, `+r.dialect.inMillis+`)
@@ -92,14 +102,21 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if r.fenceStall != nil {
+		r.fenceStall()
+	}
 	if taken == 0 {
-		held := &HeldError{Owner: owner}
-		var ms int64
-		if err := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT holder, %s FROM fences WHERE owner = $1`,
-			fmt.Sprintf(r.dialect.untilMillis, "expires_at")), owner).Scan(&held.Holder, &ms); err != nil {
+		// Taken by another between the read and the write.
+		if err := tx.Rollback(); err != nil {
 			return fail(err)
 		}
-		held.For = time.Duration(max(ms, 0)) * time.Millisecond
+		held, err := r.fenceHeld(ctx, owner)
+		if err != nil {
+			return fail(err)
+		}
+		if held == nil {
+			held = &HeldError{Owner: owner, Holder: "another controller"}
+		}
 		return 0, held
 	}
 	if err := tx.Commit(); err != nil {
@@ -108,6 +125,24 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 	r.fenceOwner.Store(&owner)
 	r.fence.Store(token)
 	return token, nil
+}
+
+// fenceHeld reads owner's fence, locking nothing: a *HeldError while another holder's
+// lease runs, nil when the fence is free, lapsed or this registry's.
+func (r *Registry) fenceHeld(ctx context.Context, owner string) (*HeldError, error) {
+	var holder sql.NullString
+	var ms sql.NullInt64
+	err := r.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT holder, %s FROM fences WHERE owner = $1`,
+		fmt.Sprintf(r.dialect.untilMillis, "expires_at")), owner).Scan(&holder, &ms)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case !holder.Valid || !ms.Valid || ms.Int64 <= 0 || holder.String == r.holder:
+		return nil, nil
+	}
+	return &HeldError{Owner: owner, Holder: holder.String, For: time.Duration(ms.Int64) * time.Millisecond}, nil
 }
 
 // RenewFence extends the lease of the fence this registry holds by Options.LeaseDuration

@@ -4,10 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/testenv/pgtest"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 )
 
@@ -142,5 +144,53 @@ func TestHoldChecksWhatLeadFound(t *testing.T) {
 				t.Errorf("the fence's holder after Hold ended: %v, %v; want none: given back", holder, err)
 			}
 		})
+	}
+}
+
+// TestWaiterLocksNothing: on PostgreSQL a controller that waits for another's fence
+// takes no lock the holder needs while the lease is live. It asks with a read first,
+// and writes only once the lease has lapsed: a waiter paused inside TakeFence's
+// transaction, after its write, would otherwise hold the fence's row locked (an
+// insert ON CONFLICT locks the row even when its WHERE is false), and every fenced
+// write of the holder would wait for it.
+func TestWaiterLocksNothing(t *testing.T) {
+	ctx := context.Background()
+	url, _ := registrytest.NewDatabase(t, pgtest.ForTest(t))
+	holder := openWith(t, url, registry.Options{Actor: "holder", LeaseDuration: 15 * time.Second, LockWait: 2 * time.Second})
+	if _, err := holder.TakeFence(ctx, "ctl"); err != nil {
+		t.Fatal(err)
+	}
+	waiter := openWith(t, url, registry.Options{Actor: "waiter", LeaseDuration: 15 * time.Second})
+	stalled, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	registry.SetFenceStall(waiter, func() {
+		once.Do(func() { close(stalled) })
+		<-release
+	})
+	took := make(chan error, 1)
+	go func() {
+		_, err := waiter.TakeFence(ctx, "ctl")
+		took <- err
+	}()
+	var waited error
+	select {
+	case <-stalled: // paused inside its transaction
+	case waited = <-took: // refused without writing
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter's TakeFence neither stalled nor returned")
+	}
+	writeCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err := holder.Upsert(writeCtx, student("u1", "ctl"), registry.Why{Cause: "test"})
+	cancel()
+	close(release)
+	if err != nil {
+		t.Errorf("the holder's write while a controller waits for its fence: %v", err)
+	}
+	if waited == nil {
+		waited = <-took
+	}
+	var held *registry.HeldError
+	if !errors.As(waited, &held) || held.Holder != holder.Holder() {
+		t.Errorf("the waiter's TakeFence: %v, want the fence held by %s", waited, holder.Holder())
 	}
 }

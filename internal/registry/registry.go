@@ -173,6 +173,9 @@ type Registry struct {
 	fenceOwner atomic.Pointer[string]
 	// led is what Lead made this registry's, for Hold's checks; nil before.
 	led atomic.Pointer[lead]
+	// fenceStall, set by tests alone, runs inside TakeFence's transaction after its
+	// write: a controller paused there.
+	fenceStall func()
 	// holder names this registry in the fences it holds: the actor and a random
 	// suffix, new in each process. lease is Options.LeaseDuration.
 	holder string
