@@ -189,8 +189,17 @@ func TestObserve(t *testing.T) {
 		if err != nil || got.School != s.Spec.School || got.Management != "" {
 			t.Errorf("row: %+v, %v; want it in line and managed", got, err)
 		}
-		if n := f.historyLen("a"); n != before+1 {
-			t.Errorf("history rows: %d, want %d: one write", n, before+1)
+		// One write, and just before it the row as the observed Student left it.
+		if n := f.historyLen("a"); n != before+2 {
+			t.Errorf("history rows: %d, want %d: one write, the row before it", n, before+2)
+		}
+		h, err := f.registry.History(f.ctx, "school", "a")
+		if err != nil || len(h) < 2 {
+			t.Fatalf("history: %+v, %v", h, err)
+		}
+		if kept, wrote := h[len(h)-2], h[len(h)-1]; kept.Cause != registry.CauseBeforeManaged || kept.School != "elsewhere" ||
+			wrote.School != s.Spec.School {
+			t.Errorf("the last two history rows: %+v, %+v; want the observed row (school elsewhere), then the write", kept, wrote)
 		}
 		if c := f.conditionOf("a", studentv1.ConditionDrifted); c != nil {
 			t.Errorf("a managed Student has a Drifted condition: %+v", c)

@@ -172,6 +172,9 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 	if !write {
 		return row, "", nil
 	}
+	// A row it observed until now holds values that may be another system's: the
+	// history keeps them before this write overwrites them.
+	why.KeepObserved = exists && (malformed || row.Management == registry.ManagementObserve)
 	if why.Action == rowRestored {
 		// The row went missing after it was written. Drift, or this cache is behind
 		// the API server: a replica that has just taken the lead with a watch that

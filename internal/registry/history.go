@@ -56,6 +56,10 @@ const (
 	// CausePrune: student-controller registry prune deleted a row that its owner
 	// had released without its Student, while it recorded the Delete policy.
 	CausePrune = "prune"
+	// CauseBeforeManaged: the row as it stood while its Student observed it, kept by
+	// the history just before the write that manages it again overwrote it (another
+	// system's values, which nobody else keeps).
+	CauseBeforeManaged = "before-managed"
 )
 
 // Why says why a row is written, for the history row written with it.
@@ -65,7 +69,19 @@ type Why struct {
 	Action string
 	// Cause is one of the Cause constants; "unspecified" when empty.
 	Cause string
+	// KeepObserved says the row may be observed and this write manages it again:
+	// the history first keeps the row as it stands (CauseBeforeManaged), if it is
+	// observed, in the same transaction.
+	KeepObserved bool
 }
+
+// keepObservedSQL copies the owner's observed row into the history as it stands, with
+// $1 the time, $2 the owner, $3 the actor and $4 the uid; nothing for any other row.
+const keepObservedSQL = `INSERT INTO student_history
+	(at, uid, namespace, name, student_name, school, generation, action, owner, cause, actor, deletion_policy)
+	SELECT $1, uid, namespace, name, student_name, school, generation, '` + ActionUpdated + `', owner, '` + CauseBeforeManaged + `', $3,
+		CASE WHEN deletion_policy IN ('Delete', 'Orphan') THEN deletion_policy END
+	FROM students WHERE uid = $4 AND owner = $2 AND management IS NOT NULL`
 
 // HistoryEntry is one row of the history.
 type HistoryEntry struct {

@@ -161,7 +161,7 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// was a visible share of the controller's CPU (bench/results/tuning.md).
-	get, insert, upsert, rewind, release, delPolicy, releaseAsIs, recordPolicy, observe, adopt, takeBack, prune, fenceCheck, history *sql.Stmt
+	get, insert, upsert, rewind, release, delPolicy, releaseAsIs, recordPolicy, observe, adopt, takeBack, prune, keepObserved, fenceCheck, history *sql.Stmt
 	// actor is Options.Actor, for the history.
 	actor string
 	// migrationLockTimeout is Options.MigrationLockTimeout; prepareMu guards Migrate.
@@ -398,6 +398,7 @@ func (r *Registry) prepare(ctx context.Context) error {
 		{&r.adopt, adoptSQL},
 		{&r.takeBack, fmt.Sprintf(takeBackSQL, fmt.Sprintf(d.validTime, "created_at"))},
 		{&r.prune, pruneSQL},
+		{&r.keepObserved, keepObservedSQL},
 		{&r.history, historyInsertSQL},
 	}
 	prepared := make([]*sql.Stmt, 0, len(stmts))
@@ -444,7 +445,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.observe, r.adopt, r.takeBack, r.prune, r.fenceCheck, r.history} {
+	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.observe, r.adopt, r.takeBack, r.prune, r.keepObserved, r.fenceCheck, r.history} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -691,6 +692,11 @@ func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, err
 	now := r.now().UTC()
 	var created, updated time.Time
 	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		if why.KeepObserved && writeHistory {
+			if _, err := in(r.keepObserved).ExecContext(ctx, now, rec.Owner, r.actor, rec.UID); err != nil {
+				return nil, fmt.Errorf("keep the observed row in the history: %w", err)
+			}
+		}
 		err := in(r.upsert).QueryRowContext(ctx, rowValues(rec, now)...).Scan(&created, &updated)
 		if err != nil {
 			return nil, err
