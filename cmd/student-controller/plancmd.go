@@ -243,6 +243,7 @@ type readOnlyRegistry interface {
 	Get(ctx context.Context, uid string) (registry.Record, error)
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 	ListReleased(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	LastHistory(ctx context.Context, namespace, name, uid string) (registry.HistoryEntry, bool, error)
 	CheckSchema(ctx context.Context) error
 	String() string
 }
@@ -261,6 +262,10 @@ func (noSchema) List(context.Context, string) ([]registry.Record, []registry.Mal
 
 func (noSchema) ListReleased(context.Context, string) ([]registry.Record, []registry.MalformedRow, error) {
 	return nil, nil, nil
+}
+
+func (noSchema) LastHistory(context.Context, string, string, string) (registry.HistoryEntry, bool, error) {
+	return registry.HistoryEntry{}, false, nil
 }
 
 func (noSchema) CheckSchema(context.Context) error { return nil }

@@ -233,3 +233,43 @@ func TestTakeBack(t *testing.T) {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
+
+// TestRecreateBound: a live Student whose row the history says was deleted (its
+// finalizer ran in a cluster that went on: this one is a clone, or went back in time)
+// has its row written again only within Config.MaxRewinds, counted with the rows taken
+// back; past it the Student says why and nothing is written. A row missing without
+// such a record is restored as before, uncounted.
+func TestRecreateBound(t *testing.T) {
+	a, b, c := newStudent("a", withFinalizer, synced(start)), newStudent("b", withFinalizer, synced(start)), newStudent("c", withFinalizer, synced(start))
+	f := newFixture(t, a, b, c)
+	f.ctrl.cfg.MaxRewinds = 1
+	for _, s := range []*studentv1.Student{a, b} {
+		f.put(recordOf(owner, s))
+		if _, err := f.registry.Delete(f.ctx, string(s.UID), owner, registry.CauseFinalizer); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// c's row is missing with no record of a delete: deleted by hand.
+	var term *terminalError
+	for _, key := range []string{"school/c", "school/a", "school/b"} {
+		wantTerminal := key == "school/b"
+		if err := f.ctrl.sync(f.ctx, key); errors.As(err, &term) != wantTerminal || (!wantTerminal && err != nil) {
+			t.Fatalf("sync %s: %v, want terminal %v", key, err, wantTerminal)
+		}
+	}
+	rows := f.rows()
+	if _, ok := rows["uid-b"]; ok || len(rows) != 2 {
+		t.Errorf("rows %v: want a's and c's written again, b's not", rows)
+	}
+	for name, want := range map[string]string{"a": studentv1.ReasonSynced, "b": studentv1.ReasonRowDeleted, "c": studentv1.ReasonSynced} {
+		cond := meta.FindStatusCondition(f.get("school", name).Status.Conditions, studentv1.ConditionReady)
+		if cond == nil || cond.Reason != want {
+			t.Errorf("%s's Ready = %+v, want reason %s", name, cond, want)
+		}
+	}
+	events := f.events()
+	slices.Sort(events)
+	if diff := cmp.Diff([]string{"Normal RowRestored", "Normal RowRestored", "Warning RowDeleted", "Warning RowRecreated"}, events); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}

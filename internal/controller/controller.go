@@ -60,6 +60,8 @@ type rowReader interface {
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 	// ListReleased returns the rows owner released that nobody has taken since.
 	ListReleased(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
+	// LastHistory returns the newest history row of a Student, false when none.
+	LastHistory(ctx context.Context, namespace, name, uid string) (registry.HistoryEntry, bool, error)
 	// CheckSchema returns registry.ErrSchemaNewer once a newer program migrated the
 	// registry: this one must not write to it any more.
 	CheckSchema(ctx context.Context) error

@@ -34,6 +34,8 @@ const (
 	EventRegistryAhead     = "RegistryAhead"
 	EventRowTakenBack      = "RowTakenBack"
 	EventRowReleased       = "RowReleased"
+	EventRowRecreated      = "RowRecreated"
+	EventRowDeleted        = "RowDeleted"
 )
 
 // sync brings the registry in line with one Student. It is level-based: it reads the
@@ -183,6 +185,9 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		if live, err := c.confirmCurrent(ctx, s); live == nil {
 			return row, "", cmp.Or(err, errStudentGone)
 		}
+		if err := c.mayRecreate(ctx, s); err != nil {
+			return row, "", err
+		}
 	}
 	row, err = c.write.upsert(ctx, want, why)
 	ahead := errors.Is(err, registry.ErrStale)
@@ -297,6 +302,45 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 	klog.FromContext(ctx).Info("Took back a registry row this controller had released", "releaseCause", row.ReleaseCause,
 		"releasedAt", row.ReleasedAt)
 	return taken, "", nil
+}
+
+// mayRecreate decides whether a missing row of a live Student may be written again,
+// when its history says it was deleted: a finalizer of this Student ran, so the
+// cluster this controller watches went back in time (an etcd restore) or is a clone
+// of one that went on (a snapshot restored elsewhere, which takes the fence while
+// production's controller restarts). Writing it again undoes production's past, so it
+// counts against Config.MaxRewinds with the rows rewound and taken back; past it the
+// Student says so (RowDeleted) and nothing is written. A row missing for any other
+// reason (deleted by hand, a backup without it) is restored as before.
+func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) error {
+	last, ok, err := c.rows.LastHistory(ctx, s.Namespace, s.Name, string(s.UID))
+	switch {
+	case err != nil:
+		return c.registryFailed(ctx, s, err)
+	case !ok || last.Action != registry.ActionDeleted:
+		return nil
+	}
+	if c.rewound.Load() >= int64(c.cfg.MaxRewinds) {
+		msg := fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s), and this controller has undone %d "+
+			"rows since it started, its bound (--registry-max-rewinds): so many looks like a clone of the cluster, or a cluster "+
+			"gone back in time, writing to production's registry. Nothing was written. If this cluster is the one the registry "+
+			"follows, restart the controller with a higher --registry-max-rewinds",
+			last.At.Format(time.RFC3339), last.Cause, last.Actor, c.cfg.MaxRewinds)
+		changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRowDeleted, msg), s.Status.Registry)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		if changed {
+			c.write.warn(s, EventRowDeleted, msg)
+		}
+		c.cfg.Metrics.observeRewriteRefused()
+		return terminal(fmt.Errorf("row %s was deleted (%s) and is past the bound of rows undone", s.UID, last.Cause))
+	}
+	c.rewound.Add(1)
+	c.write.warn(s, EventRowRecreated, fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s) while the "+
+		"Student is live here: the cluster went back in time or is a clone. The row is written again from the Student",
+		last.At.Format(time.RFC3339), last.Cause, last.Actor))
+	return nil
 }
 
 // refuseRewind reports a row ahead that this controller does not take back: it has

@@ -184,6 +184,25 @@ func (r *Registry) History(ctx context.Context, namespace, name string) ([]Histo
 	return out, nil
 }
 
+// LastHistory returns the newest history row of the Student namespace/name of uid:
+// false when the history has none (never written, or pruned past its retention).
+func (r *Registry) LastHistory(ctx context.Context, namespace, name, uid string) (HistoryEntry, bool, error) {
+	h := HistoryEntry{UID: uid}
+	err := r.db.QueryRowContext(ctx, `SELECT id, at, COALESCE(namespace, ''), COALESCE(name, ''),
+		COALESCE(student_name, ''), COALESCE(school, ''), COALESCE(generation, 0), action, owner, cause, actor,
+		COALESCE(deletion_policy, '')
+		FROM student_history WHERE namespace = $1 AND name = $2 AND uid = $3 ORDER BY id DESC LIMIT 1`, namespace, name, uid).Scan(
+		&h.ID, &h.At, &h.Namespace, &h.Name, &h.StudentName, &h.School, &h.Generation, &h.Action, &h.Owner, &h.Cause, &h.Actor, &h.DeletionPolicy)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return HistoryEntry{}, false, nil
+	case err != nil:
+		return HistoryEntry{}, false, fmt.Errorf("read the last history row of %s/%s: %w", namespace, name, err)
+	}
+	h.At = h.At.UTC()
+	return h, true, nil
+}
+
 // pruneBatch is how many history rows one prune transaction deletes: small enough
 // that no writer waits long for the lock it holds.
 const pruneBatch = 1000

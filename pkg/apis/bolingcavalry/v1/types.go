@@ -206,6 +206,11 @@ const (
 	// restore brought the Student back after its deletion), and did not take it back:
 	// it has taken back as many rows as it does on its own (--registry-max-rewinds).
 	ReasonRowReleased = "RowReleased"
+	// ReasonRowDeleted: the Student's registry row was deleted (its history says so:
+	// this Student's finalizer ran, in a cluster that went on without this copy of
+	// it), and this controller did not write it again: it has undone as many rows as
+	// it does on its own (--registry-max-rewinds).
+	ReasonRowDeleted = "RowDeleted"
 )
 
 // StudentList is a list of Students.
