@@ -210,12 +210,13 @@ func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Regi
 		return fail(err)
 	}
 	release := func() {}
+	changed := "Nothing was changed"
 	fence := func() error {
 		var err error
 		release, err = reg.Fence(ctx, opts.owner)
 		if errors.Is(err, registry.ErrHeld) {
 			release = func() {}
-			return fmt.Errorf("%w. Nothing was changed. Stop the controllers of owner %q first (scale them to zero), then run it again", err, opts.owner)
+			return fmt.Errorf("%w. %s. Stop the controllers of owner %q first (scale them to zero), then run it again", err, changed, opts.owner)
 		}
 		if err != nil {
 			release = func() {}
@@ -237,6 +238,9 @@ func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Regi
 			"controllers of the older version refuse the registry afterwards, so stop them first", err)
 	}
 	if err == nil && !lease {
+		if migrate {
+			changed = "The schema was migrated; nothing else was changed"
+		}
 		err = fence()
 	}
 	if err != nil {

@@ -114,4 +114,8 @@ func TestRegistryCommandsRefuseWhileAControllerHoldsTheFence(t *testing.T) {
 	if row, err := ctl.Get(ctx, "u1"); err != nil || row.Owner != "new" {
 		t.Errorf("the row after rename-owner: %+v, %v; want it new's", row, err)
 	}
+	// The fence went to the new owner free: its controller takes it at once.
+	if _, err := ctl.TakeFence(ctx, "new"); err != nil {
+		t.Errorf("the new owner's fence after rename-owner: %v, want it free", err)
+	}
 }

@@ -114,6 +114,10 @@ type Config struct {
 	// Tracer traces each sync (its queue wait, registry operations and status write);
 	// nil traces nothing, at no cost.
 	Tracer trace.Tracer
+	// CRDDeleting, when set, says whether the Student CRD is being deleted: then every
+	// Student is deleted by the API server, not by a user, and a finalizer releases its
+	// row instead of deleting it. NewWiring sets it; unset, the CRD is never deleting.
+	CRDDeleting func(ctx context.Context) (bool, error)
 	// Leading, when set, says whether this replica may still write: an error once it
 	// cannot know that it holds the leader Lease (its last renewal is older than the
 	// renew deadline, as after a pause) or another replica leads. It is asked before

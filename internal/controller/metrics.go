@@ -23,6 +23,7 @@ type Metrics struct {
 	sweepDuration     prometheus.Histogram
 	releasedAbsent    prometheus.Counter
 	rewritesRefused   prometheus.Counter
+	undone            *prometheus.CounterVec
 	malformedRows     prometheus.Gauge
 	registryAhead     prometheus.Counter
 	notReady          prometheus.Gauge
@@ -90,6 +91,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "student_controller_registry_rows_released_without_student_total",
 			Help: "Owned registry rows released because their Student was not found (by a sweep, or a sync whose cache was behind), kept with the deletion policy they record: absence never deletes a row. student-controller registry prune deletes those whose policy is Delete, when asked.",
 		}),
+		undone: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "student_controller_registry_rows_undone_total",
+			Help: "Rows of production's past this controller undid, within --registry-max-rewinds, by action: taken_back (a row this owner released, for a Student of its uid that is live again) and recreated (a row its Student's finalizer deleted, written again for that Student, live again): the cluster went back in time, or is a clone. Rows ahead rewound are student_controller_registry_rows_ahead_total.",
+		}, []string{"action"}),
 		rewritesRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "student_controller_registry_rewrites_refused_total",
 			Help: "Rows this controller did not take back, rewind or write again because it had undone as many as --registry-max-rewinds allows since it started; their Students are Ready=False and say why.",
@@ -154,12 +159,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, action := range []string{rowCreated, rowUpdated, rowRestored, rowDeleted, rowReleased} {
 		m.rowsWritten.WithLabelValues(action)
 	}
+	for _, action := range []string{undoneTakenBack, undoneRecreated} {
+		m.undone.WithLabelValues(action)
+	}
 	for _, outcome := range []string{sweepClean, sweepRepaired, sweepRefused, sweepError} {
 		m.sweepTotal.WithLabelValues(outcome)
 	}
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
-			m.releasedAbsent, m.rewritesRefused, m.malformedRows, m.registryAhead, m.notReady, m.drifted, m.paused, m.pausedOldest, m.plannedActions,
+			m.releasedAbsent, m.rewritesRefused, m.undone, m.malformedRows, m.registryAhead, m.notReady, m.drifted, m.paused, m.pausedOldest, m.plannedActions,
 			m.fenceHeld, m.fenceWaiting, m.syncLatency)
 	}
 	return m
@@ -188,6 +196,20 @@ func (m *Metrics) observeReleasedAbsent() {
 		return
 	}
 	m.releasedAbsent.Inc()
+}
+
+// The actions of student_controller_registry_rows_undone_total.
+const (
+	undoneTakenBack = "taken_back"
+	undoneRecreated = "recreated"
+)
+
+// observeUndone counts a row of production's past undone (action).
+func (m *Metrics) observeUndone(action string) {
+	if m == nil {
+		return
+	}
+	m.undone.WithLabelValues(action).Inc()
 }
 
 // observeRewriteRefused counts a row not undone because the bound was reached.

@@ -138,6 +138,9 @@ func ComputePlan(in PlanInput) Plan {
 					add(s, PlanUpdate, planMarkObserved)
 				}
 				add(s, PlanFinalize, "observed: the row is left as it is")
+			case mine && row.Management == registry.ManagementObserve:
+				// Switched to Manage and deleted before a sync managed the row again.
+				add(s, PlanFinalize, "the row is marked observed and is left as it is")
 			case held && policy(s) == studentv1.DeletionPolicyDelete && (!mine || row.DeletionPolicy == registry.PolicyDelete):
 				// Deleted only when the row records Delete too (a row it cannot read
 				// goes by the policy stored in it, which the plan cannot know).

@@ -228,10 +228,13 @@ func (f *fixture) historyLength() int64 {
 	return id
 }
 
-// historySince lists the history rows after id as "uid action cause", by uid.
+// historySince lists the history rows after id as "uid action cause", by uid: the
+// row writes, without the copies of a row kept just before one (before-managed,
+// before-taken-back), which write no row.
 func (f *fixture) historySince(id int64) []string {
 	f.t.Helper()
-	rows, err := f.rawDB().QueryContext(f.ctx, `SELECT uid, action, cause FROM student_history WHERE id > $1 ORDER BY uid, id`, id)
+	rows, err := f.rawDB().QueryContext(f.ctx, `SELECT uid, action, cause FROM student_history WHERE id > $1
+		AND cause NOT IN ($2, $3) ORDER BY uid, id`, id, registry.CauseBeforeManaged, registry.CauseBeforeTakenBack)
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -4,17 +4,23 @@ import (
 	"context"
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
 )
@@ -66,6 +72,13 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 	if err != nil {
 		return nil, fmt.Errorf("build Student client: %w", err)
 	}
+	metaClient, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("build metadata client: %w", err)
+	}
+	if config.CRDDeleting == nil {
+		config.CRDDeleting = crdDeleting(metaClient)
+	}
 	w := &Wiring{KubeClient: kubeClient, informers: NewInformers(studentClient, opts.Scope, opts.ResyncPeriod)}
 	w.broadcaster, w.Recorder = NewEventRecorder(ctx, kubeClient.CoreV1())
 	config.Scope = opts.Scope // the sweep's scope is the watch's
@@ -75,6 +88,33 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 		return nil, err
 	}
 	return w, nil
+}
+
+// crdName is the Student CRD's name.
+var crdName = "students." + studentv1.SchemeGroupVersion.Group
+
+// crdDeleting returns Config.CRDDeleting over client: a GET of the CRD's metadata,
+// asked by each finalizer that would delete a row, since the API server marks the CRD
+// deleted just before it deletes its Students. Once seen deleting (or gone) it stays
+// so for the life of the process: a CRD is never undeleted.
+func crdDeleting(client metadata.Interface) func(context.Context) (bool, error) {
+	var deleting atomic.Bool
+	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	return func(ctx context.Context) (bool, error) {
+		if deleting.Load() {
+			return true, nil
+		}
+		crd, err := client.Resource(gvr).Get(ctx, crdName, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			deleting.Store(true)
+		case err != nil:
+			return false, err
+		case crd.DeletionTimestamp != nil:
+			deleting.Store(true)
+		}
+		return deleting.Load(), nil
+	}
 }
 
 // Start starts the informers. They run on every replica, leader or not, so that a

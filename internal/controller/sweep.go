@@ -117,8 +117,8 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			return SweepResult{}, fmt.Errorf("sweep: %w", err)
 		}
 	}
-	// Rows first, cache second: a Student deleted in between has had its row deleted by
-	// its finalizer, so a stale row read here at worst costs a delete that finds nothing.
+	// Rows first, cache second: a Student deleted in between has had its row let go by
+	// its finalizer, so a stale row read here at worst costs a release that finds nothing.
 	rows, malformed, err := c.rows.List(ctx, c.cfg.Owner)
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
@@ -150,8 +150,9 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
 			"more than it lets go at once (%d). A controller that watches the wrong cluster or namespaces, or a Student CRD "+
 			"deleted or not yet served, looks like this. Nothing was deleted or released; the rows stay until their "+
-			"Students are seen again. If those Students really are gone, raise --sweep-max-deletions for one sweep, or wait: "+
-			"released rows are kept, and student-controller registry prune deletes those whose policy was Delete", len(plan.Orphans), result.Rows, bound)
+			"Students are seen again. If those Students really are gone, raise --sweep-max-deletions and --sweep-max-deletion-percent "+
+			"for one sweep: released rows are kept, and student-controller registry prune deletes those whose policy was Delete",
+			len(plan.Orphans), result.Rows, bound)
 		logger.Error(nil, msg, "orphans", len(plan.Orphans), "rows", result.Rows, "bound", bound, "students", len(students))
 		if c.cfg.SweepEventTarget != nil {
 			c.write.warn(c.cfg.SweepEventTarget, EventSweepRefused, msg)

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -308,5 +309,34 @@ func TestSweepStopsOnNewerSchema(t *testing.T) {
 	}
 	if !stopsWork(fmt.Errorf("sweep: %w", registry.ErrSchemaNewer)) {
 		t.Error("ErrSchemaNewer does not stop the controller's work")
+	}
+}
+
+// TestCRDDeletedReleases: a Student deleted because its CRD is being deleted was not
+// deleted by a user: its finalizer releases its Delete row (prunable) rather than
+// deleting it, and the Student goes. A user's delete, with the CRD there, deletes it.
+func TestCRDDeletedReleases(t *testing.T) {
+	for name, crdGoing := range map[string]bool{"CRD being deleted": true, "CRD there": false} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, newStudent("bye", withFinalizer, synced(start), deleting))
+			f.put(recordOf(owner, newStudent("bye")))
+			asked := 0
+			f.ctrl.cfg.CRDDeleting = func(context.Context) (bool, error) { asked++; return crdGoing, nil }
+			if err := f.ctrl.sync(f.ctx, "school/bye"); err != nil {
+				t.Fatal(err)
+			}
+			row, kept := f.rows()["uid-bye"]
+			switch {
+			case asked != 1:
+				t.Errorf("the CRD was asked about %d times, want once", asked)
+			case crdGoing && (!kept || row.Owner != "" || row.ReleaseCause != registry.CauseCRDDeleted || !registry.Prunable(row, owner)):
+				t.Errorf("row %+v (there: %v): want it released for the CRD's deletion, prunable", row, kept)
+			case !crdGoing && kept:
+				t.Errorf("row %+v: want it deleted by the user's delete", row)
+			}
+			if got := f.get("school", "bye").Finalizers; len(got) != 0 {
+				t.Errorf("finalizers %v: want the Student let go", got)
+			}
+		})
 	}
 }

@@ -177,6 +177,7 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 	// A row it observed until now holds values that may be another system's: the
 	// history keeps them before this write overwrites them.
 	why.KeepObserved = exists && (malformed || row.Management == registry.ManagementObserve)
+	var recreate *registry.HistoryEntry
 	if why.Action == rowRestored {
 		// The row went missing after it was written. Drift, or this cache is behind
 		// the API server: a replica that has just taken the lead with a watch that
@@ -185,7 +186,7 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		if live, err := c.confirmCurrent(ctx, s); live == nil {
 			return row, "", cmp.Or(err, errStudentGone)
 		}
-		if err := c.mayRecreate(ctx, s); err != nil {
+		if recreate, err = c.mayRecreate(ctx, s); err != nil {
 			return row, "", err
 		}
 	}
@@ -208,6 +209,12 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		// Reported by registryAhead's Warning, not by a second Event.
 		c.cfg.Metrics.observeRow(rowUpdated)
 		return row, "", nil
+	case recreate != nil:
+		c.rewound.Add(1)
+		c.cfg.Metrics.observeUndone(undoneRecreated)
+		c.write.warn(s, EventRowRecreated, fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s) while "+
+			"the Student is live here: the cluster went back in time or is a clone. The row is written again from the Student",
+			recreate.At.Format(time.RFC3339), recreate.Cause, recreate.Actor))
 	}
 	return c.wroteRow(ctx, row, why)
 }
@@ -295,6 +302,7 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 	}
 	c.rewound.Add(1)
 	c.cfg.Metrics.observeRow(rowRestored)
+	c.cfg.Metrics.observeUndone(undoneTakenBack)
 	msg := fmt.Sprintf("The registry row was released by this controller (%s) at %s while this Student still exists "+
 		"(an etcd restore, or a Student missing for a while): it is this Student's again and written: %s, %s",
 		cmp.Or(row.ReleaseCause, "unknown cause"), row.ReleasedAt.Format(time.RFC3339), taken.StudentName, taken.School)
@@ -309,16 +317,17 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 // cluster this controller watches went back in time (an etcd restore) or is a clone
 // of one that went on (a snapshot restored elsewhere, which takes the fence while
 // production's controller restarts). Writing it again undoes production's past, so it
-// counts against Config.MaxRewinds with the rows rewound and taken back; past it the
-// Student says so (RowDeleted) and nothing is written. A row missing for any other
-// reason (deleted by hand, a backup without it) is restored as before.
-func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) error {
+// counts against Config.MaxRewinds with the rows rewound and taken back, once written
+// (the history row of the delete is returned for that); past the bound the Student
+// says so (RowDeleted) and nothing is written. A row missing for any other reason
+// (deleted by hand, a backup without it) is restored as before: nil, nil.
+func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) (*registry.HistoryEntry, error) {
 	last, ok, err := c.rows.LastHistory(ctx, s.Namespace, s.Name, string(s.UID))
 	switch {
 	case err != nil:
-		return c.registryFailed(ctx, s, err)
+		return nil, c.registryFailed(ctx, s, err)
 	case !ok || last.Action != registry.ActionDeleted:
-		return nil
+		return nil, nil
 	}
 	if c.rewound.Load() >= int64(c.cfg.MaxRewinds) {
 		msg := fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s), and this controller has undone %d "+
@@ -328,19 +337,15 @@ func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) erro
 			last.At.Format(time.RFC3339), last.Cause, last.Actor, c.cfg.MaxRewinds)
 		changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRowDeleted, msg), s.Status.Registry)
 		if err != nil && !apierrors.IsNotFound(err) {
-			return err
+			return nil, err
 		}
 		if changed {
 			c.write.warn(s, EventRowDeleted, msg)
 		}
 		c.cfg.Metrics.observeRewriteRefused()
-		return terminal(fmt.Errorf("row %s was deleted (%s) and is past the bound of rows undone", s.UID, last.Cause))
+		return nil, terminal(fmt.Errorf("row %s was deleted (%s) and is past the bound of rows undone", s.UID, last.Cause))
 	}
-	c.rewound.Add(1)
-	c.write.warn(s, EventRowRecreated, fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s) while the "+
-		"Student is live here: the cluster went back in time or is a clone. The row is written again from the Student",
-		last.At.Format(time.RFC3339), last.Cause, last.Actor))
-	return nil
+	return &last, nil
 }
 
 // refuseRewind reports a row ahead that this controller does not take back: it has
@@ -398,7 +403,7 @@ func rowWrite(row, want registry.Record, found, malformed, written bool) (regist
 func (c *Controller) report(ctx context.Context, s *studentv1.Student, row registry.Record, action string) error {
 	if _, err := c.updateStatus(ctx, s, ready(), registryStatus(row)); err != nil {
 		if apierrors.IsNotFound(err) {
-			return c.undoStaleWrite(ctx, s, action)
+			return c.undoStaleWrite(ctx, s)
 		}
 		if action == rowCreated {
 			// Whether the Student is gone must be known now: if it is, the retry finds
@@ -408,7 +413,7 @@ func (c *Controller) report(ctx context.Context, s *studentv1.Student, row regis
 				return errors.Join(err, fmt.Errorf("ask whether the Student is gone: %w", getErr))
 			}
 			if live == nil {
-				return c.undoStaleWrite(ctx, s, action)
+				return c.undoStaleWrite(ctx, s)
 			}
 		}
 		return err
@@ -485,15 +490,10 @@ func (c *Controller) observeLetGo(outcome registry.Outcome, absent bool) {
 // was behind: a replica that has just taken the lead, or whose watch was cut, can
 // still hold a Student that the previous leader finalized, its row deleted; the sync
 // then wrote the row again. Left there, it would be an owned row without a Student.
-// A row this sync created, where there was none, goes as the Student's finalizer
-// would have taken it (Delete: by the policy it records); a row that was there before
-// is only released, since absence destroys nothing. A row already released stays.
-func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student, action string) error {
-	letGo := c.write.relinquish
-	if action == rowCreated {
-		letGo = c.write.delete
-	}
-	outcome, err := letGo(ctx, string(s.UID), c.cfg.Owner, registry.CauseStaleCache)
+// It is released, since absence destroys nothing (registry prune deletes it, when
+// asked, if its policy is Delete). A row already released stays.
+func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
+	outcome, err := c.write.relinquish(ctx, string(s.UID), c.cfg.Owner, registry.CauseStaleCache)
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
@@ -530,8 +530,20 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 		done, err = c.release(ctx, s)
 	case "", studentv1.DeletionPolicyDelete:
 		// Deleted only if the row records Delete too; a row that says otherwise (an
-		// older backup put back) is released as it stands.
-		outcome, err = c.write.delete(ctx, uid, c.cfg.Owner, registry.CauseFinalizer)
+		// older backup put back) is released as it stands. A Student deleted with its
+		// CRD was not deleted by a user: absence, so its row is released.
+		var withCRD bool
+		if withCRD, err = c.crdDeleting(ctx); err != nil {
+			return c.registryFailed(ctx, s, err)
+		}
+		if withCRD {
+			outcome, err = c.write.relinquish(ctx, uid, c.cfg.Owner, registry.CauseCRDDeleted)
+			if outcome == registry.Released {
+				c.cfg.Metrics.observeReleasedAbsent()
+			}
+		} else {
+			outcome, err = c.write.delete(ctx, uid, c.cfg.Owner, registry.CauseFinalizer)
+		}
 		done = outcome != registry.Absent
 		if outcome == registry.Released {
 			action = rowReleased
@@ -567,6 +579,18 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 	}
 
 	return c.removeFinalizer(ctx, s)
+}
+
+// crdDeleting asks Config.CRDDeleting, if set.
+func (c *Controller) crdDeleting(ctx context.Context) (bool, error) {
+	if c.cfg.CRDDeleting == nil {
+		return false, nil
+	}
+	deleting, err := c.cfg.CRDDeleting(ctx)
+	if err != nil {
+		return false, fmt.Errorf("ask whether the Student CRD is being deleted: %w", err)
+	}
+	return deleting, nil
 }
 
 // removeFinalizer lets a Student being deleted go, once its row is seen to.

@@ -556,7 +556,8 @@ func TestStaleCache(t *testing.T) {
 	})
 
 	// A first write cannot be told from a stale one without a request per new Student;
-	// when the status write finds the Student gone, the row is deleted again.
+	// when the status write finds the Student gone, the row is released: absence
+	// destroys nothing, and registry prune deletes it when asked.
 	t.Run("first write for a Student gone", func(t *testing.T) {
 		f := newFixture(t, newStudent("a", withFinalizer))
 		if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "a", metav1.DeleteOptions{}); err != nil {
@@ -566,14 +567,14 @@ func TestStaleCache(t *testing.T) {
 		if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
 			t.Fatalf("sync: %v", err)
 		}
-		if rows := f.rows(); len(rows) != 0 {
-			t.Errorf("rows after the sync: %v, want none: the Student is gone", rows)
+		if row := f.rows()["uid-a"]; row.Owner != "" || row.ReleaseCause != registry.CauseStaleCache || !registry.Prunable(row, owner) {
+			t.Errorf("row after the sync: %+v, want it released for the stale cache, prunable: the Student is gone", row)
 		}
 		if diff := cmp.Diff([]string{"update students/status"}, f.writes()); diff != "" {
 			t.Errorf("API writes (-want +got):\n%s", diff)
 		}
-		if got := testutil.ToFloat64(f.metrics.rowsWritten.WithLabelValues(rowDeleted)); got != 1 {
-			t.Errorf("rows written with action deleted: %v, want 1", got)
+		if got := testutil.ToFloat64(f.metrics.releasedAbsent); got != 1 {
+			t.Errorf("rows released without their Student: %v, want 1", got)
 		}
 	})
 
@@ -591,8 +592,8 @@ func TestStaleCache(t *testing.T) {
 			return false, nil, nil
 		})
 		_ = f.ctrl.sync(f.ctx, "school/a")
-		if rows := f.rows(); len(rows) != 0 {
-			t.Errorf("rows after the sync: %v, want none: the Student is gone", rows)
+		if row := f.rows()["uid-a"]; row.Owner != "" || row.ReleaseCause != registry.CauseStaleCache {
+			t.Errorf("row after the sync: %+v, want it released: the Student is gone", row)
 		}
 	})
 }

@@ -64,14 +64,22 @@ func (r *Registry) MoveCluster(ctx context.Context, owner, from, to string) (Bin
 	if owner == "" || from == "" || to == "" {
 		return Binding{}, errors.New("move owner: owner, from and to are required")
 	}
-	res, err := r.db.ExecContext(ctx, `UPDATE owner_clusters SET cluster = $3, bound_at = $4 WHERE owner = $1 AND cluster = $2`,
-		owner, from, to, r.now().UTC())
+	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return Binding{}, fmt.Errorf("move owner %q to cluster %s: %w", owner, to, err)
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return Binding{}, err
-	} else if n == 0 {
+	defer func() { _ = tx.Rollback() }()
+	n, err := affected(tx.ExecContext(ctx, `UPDATE owner_clusters SET cluster = $3, bound_at = $4 WHERE owner = $1 AND cluster = $2`,
+		owner, from, to, r.now().UTC()))
+	if err == nil && n > 0 {
+		if err = r.checkFenceIn(ctx, tx); err == nil {
+			err = tx.Commit()
+		}
+	}
+	if err != nil {
+		return Binding{}, fmt.Errorf("move owner %q to cluster %s: %w", owner, to, err)
+	}
+	if n == 0 {
 		b, err := r.binding(ctx, owner)
 		if err != nil {
 			return Binding{}, err
@@ -103,6 +111,12 @@ func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, err
 	if taken > 0 {
 		return 0, fmt.Errorf("rename owner %q to %q: %q already owns rows or a cluster binding; nothing moved", from, to, to)
 	}
+	// The fence is the caller's (student-controller registry rename-owner holds it):
+	// checked first, then handed to the new owner free, so that its controller takes it
+	// at once and this caller writes nothing more for either owner.
+	if err := r.checkFenceIn(ctx, tx); err != nil {
+		return 0, fmt.Errorf("rename owner: %w", err)
+	}
 	res, err := tx.ExecContext(ctx, `UPDATE students SET owner = $2 WHERE owner = $1`, from, to)
 	if err != nil {
 		return 0, fmt.Errorf("rename owner: %w", err)
@@ -126,11 +140,11 @@ func (r *Registry) RenameOwner(ctx context.Context, from, to string) (int64, err
 	if _, err := tx.ExecContext(ctx, `UPDATE students SET released_by = $2 WHERE released_by = $1`, from, to); err != nil {
 		return 0, fmt.Errorf("rename owner: %w", err)
 	}
-	for _, table := range []string{"owner_clusters", "fences"} {
-		// #nosec G202 -- the two table names above, not input.
-		if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET owner = $2 WHERE owner = $1`, from, to); err != nil {
-			return 0, fmt.Errorf("rename owner: %w", err)
-		}
+	if _, err := tx.ExecContext(ctx, `UPDATE owner_clusters SET owner = $2 WHERE owner = $1`, from, to); err != nil {
+		return 0, fmt.Errorf("rename owner: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE fences SET owner = $2, token = 0, holder = NULL, expires_at = NULL WHERE owner = $1`, from, to); err != nil {
+		return 0, fmt.Errorf("rename owner: %w", err)
 	}
 	return n, tx.Commit()
 }

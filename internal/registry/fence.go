@@ -127,6 +127,26 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 	return token, nil
 }
 
+// checkFenceIn checks, inside tx, that the fence this registry holds is still its
+// own, and locks its row until tx ends: ErrFenced when another took it. Nothing to
+// check when this registry holds none (a registry of a schema before the lease, or a
+// caller that does not fence).
+func (r *Registry) checkFenceIn(ctx context.Context, tx *sql.Tx) error {
+	token := r.fence.Load()
+	if token == 0 {
+		return nil
+	}
+	owner := *r.fenceOwner.Load()
+	n, err := affected(tx.ExecContext(ctx, fenceCheckSQL, owner, token))
+	switch {
+	case err != nil:
+		return fmt.Errorf("check the write fence: %w", err)
+	case n == 0:
+		return fmt.Errorf("write fence %d of owner %q: %w", token, owner, ErrFenced)
+	}
+	return nil
+}
+
 // fenceHeld reads owner's fence, locking nothing: a *HeldError while another holder's
 // lease runs, nil when the fence is free, lapsed or this registry's.
 func (r *Registry) fenceHeld(ctx context.Context, owner string) (*HeldError, error) {

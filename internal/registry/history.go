@@ -35,6 +35,9 @@ const (
 	// CauseStaleCache: the row was written from a cache that was behind, for a Student
 	// already gone, and is let go again.
 	CauseStaleCache = "stale-cache"
+	// CauseCRDDeleted: the Student was deleted because the Student CRD is being
+	// deleted (which deletes every Student), not by a user: its row is released.
+	CauseCRDDeleted = "crd-deleted"
 	// CauseOwnerMove: the owner mark was renamed (student-controller registry rename-owner).
 	CauseOwnerMove = "owner-move"
 	// CausePolicyRecorded: a row written before rows recorded their deletion policy
@@ -60,6 +63,9 @@ const (
 	// the history just before the write that manages it again overwrote it (another
 	// system's values, which nobody else keeps).
 	CauseBeforeManaged = "before-managed"
+	// CauseBeforeTakenBack: the released row as it stood (another system may have
+	// written it since), kept by the history just before its owner took it back.
+	CauseBeforeTakenBack = "before-taken-back"
 )
 
 // Why says why a row is written, for the history row written with it.
@@ -75,13 +81,15 @@ type Why struct {
 	KeepObserved bool
 }
 
-// keepObservedSQL copies the owner's observed row into the history as it stands, with
-// $1 the time, $2 the owner, $3 the actor and $4 the uid; nothing for any other row.
-const keepObservedSQL = `INSERT INTO student_history
+// keepAsItStandsSQL copies a row into the history as it stands, before a write that
+// overwrites values another system may have written: the owner's observed row, or a
+// row the owner released. $1 is the time, $2 the owner, $3 the actor, $4 the uid and
+// $5 the cause; nothing is copied of any other row.
+const keepAsItStandsSQL = `INSERT INTO student_history
 	(at, uid, namespace, name, student_name, school, generation, action, owner, cause, actor, deletion_policy)
-	SELECT $1, uid, namespace, name, student_name, school, generation, '` + ActionUpdated + `', owner, '` + CauseBeforeManaged + `', $3,
+	SELECT $1, uid, namespace, name, student_name, school, generation, '` + ActionUpdated + `', $2, $5, $3,
 		CASE WHEN deletion_policy IN ('Delete', 'Orphan') THEN deletion_policy END
-	FROM students WHERE uid = $4 AND owner = $2 AND management IS NOT NULL`
+	FROM students WHERE uid = $4 AND ((owner = $2 AND management IS NOT NULL) OR (owner IS NULL AND released_by = $2))`
 
 // HistoryEntry is one row of the history.
 type HistoryEntry struct {

@@ -161,7 +161,7 @@ type Registry struct {
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
 	// was a visible share of the controller's CPU (bench/results/tuning.md).
-	get, insert, upsert, rewind, release, delPolicy, releaseAsIs, recordPolicy, observe, adopt, takeBack, prune, keepObserved, fenceCheck, history *sql.Stmt
+	get, insert, upsert, rewind, release, delPolicy, releaseAsIs, recordPolicy, observe, adopt, takeBack, prune, keepAsItStands, fenceCheck, history *sql.Stmt
 	// actor is Options.Actor, for the history.
 	actor string
 	// migrationLockTimeout is Options.MigrationLockTimeout; prepareMu guards Migrate.
@@ -265,7 +265,7 @@ const (
 	// Prune's: a row that owner $2 released on its own (without a finalizer's word)
 	// while it recorded the Delete policy, and that is still so.
 	pruneSQL = `DELETE FROM students WHERE uid = $1 AND owner IS NULL AND released_by = $2 AND deletion_policy = 'Delete'
-		AND management IS NULL AND release_cause IN ('` + CauseSweep + `', '` + CauseStaleCache + `')` + returned
+		AND management IS NULL AND release_cause IN ('` + CauseSweep + `', '` + CauseStaleCache + `', '` + CauseCRDDeleted + `')` + returned
 	// The last statement of a fenced write: it locks the owner's fence row (on
 	// PostgreSQL; SQLite's write lock covers the whole transaction) and finds it only
 	// while it still holds this controller's token.
@@ -398,7 +398,7 @@ func (r *Registry) prepare(ctx context.Context) error {
 		{&r.adopt, adoptSQL},
 		{&r.takeBack, fmt.Sprintf(takeBackSQL, fmt.Sprintf(d.validTime, "created_at"))},
 		{&r.prune, pruneSQL},
-		{&r.keepObserved, keepObservedSQL},
+		{&r.keepAsItStands, keepAsItStandsSQL},
 		{&r.history, historyInsertSQL},
 	}
 	prepared := make([]*sql.Stmt, 0, len(stmts))
@@ -445,7 +445,7 @@ func (r *Registry) String() string { return r.display }
 // Close closes the prepared statements and the database connections.
 func (r *Registry) Close() error {
 	var errs []error
-	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.observe, r.adopt, r.takeBack, r.prune, r.keepObserved, r.fenceCheck, r.history} {
+	for _, stmt := range []*sql.Stmt{r.get, r.insert, r.upsert, r.rewind, r.release, r.delPolicy, r.releaseAsIs, r.recordPolicy, r.observe, r.adopt, r.takeBack, r.prune, r.keepAsItStands, r.fenceCheck, r.history} {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -693,7 +693,7 @@ func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, err
 	var created, updated time.Time
 	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		if why.KeepObserved && writeHistory {
-			if _, err := in(r.keepObserved).ExecContext(ctx, now, rec.Owner, r.actor, rec.UID); err != nil {
+			if _, err := in(r.keepAsItStands).ExecContext(ctx, now, rec.Owner, r.actor, rec.UID, CauseBeforeManaged); err != nil {
 				return nil, fmt.Errorf("keep the observed row in the history: %w", err)
 			}
 		}
@@ -940,7 +940,8 @@ func (r *Registry) letGo(ctx context.Context, uid, owner, cause string, mayDelet
 func causeValue(cause string) string { return cmp.Or(cause, "unspecified") }
 
 // TakeBack owns and writes again the row for rec.UID that rec.Owner released, and
-// returns it as stored; a history row records it as restored, for cause. It is for a
+// returns it as stored; a history row records it as restored, for cause, after one
+// that keeps the released row as it stood (CauseBeforeTakenBack). It is for a
 // Student of the row's uid that is live after its row was let go: an etcd restore
 // brought back a Student whose finalizer had released the row. A row that is not
 // released by rec.Owner (owned again, another owner's, adopted, observed) is left
@@ -952,6 +953,11 @@ func (r *Registry) TakeBack(ctx context.Context, rec Record, cause string) (Reco
 	now := r.now().UTC()
 	var created, updated time.Time
 	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
+		if writeHistory {
+			if _, err := in(r.keepAsItStands).ExecContext(ctx, now, rec.Owner, r.actor, rec.UID, CauseBeforeTakenBack); err != nil {
+				return nil, fmt.Errorf("keep the released row in the history: %w", err)
+			}
+		}
 		if err := in(r.takeBack).QueryRowContext(ctx, rowValues(rec, now)...).Scan(&created, &updated); err != nil {
 			return nil, err
 		}
@@ -991,11 +997,11 @@ func (r *Registry) ListReleased(ctx context.Context, owner string) ([]Record, []
 }
 
 // Prunable says whether Prune deletes rec for owner: owner released it because its
-// Student was found missing (not by a finalizer), while it recorded the Delete policy,
-// and nobody has taken or observed it since.
+// Student was found missing, or deleted with the CRD (not by a user's delete), while
+// it recorded the Delete policy, and nobody has taken or observed it since.
 func Prunable(rec Record, owner string) bool {
 	return rec.Owner == "" && rec.ReleasedBy == owner && rec.DeletionPolicy == PolicyDelete && rec.Management == "" &&
-		(rec.ReleaseCause == CauseSweep || rec.ReleaseCause == CauseStaleCache)
+		(rec.ReleaseCause == CauseSweep || rec.ReleaseCause == CauseStaleCache || rec.ReleaseCause == CauseCRDDeleted)
 }
 
 // Prune deletes the row for uid when it is still Prunable for owner, with a history row

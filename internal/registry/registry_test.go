@@ -592,6 +592,11 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if err != nil || row.Owner != "ctl" || row.ReleasedBy != "" || row.ReleaseCause != "" || !row.ReleasedAt.IsZero() || row.Generation != 2 {
 			t.Errorf("row after TakeBack: %+v, %v; want it owned again, at generation 2", row, err)
 		}
+		h, err := r.History(ctx, rec.Namespace, rec.Name)
+		if n := len(h); err != nil || n < 2 || h[n-2].Cause != registry.CauseBeforeTakenBack || h[n-2].School != "深圳中学" ||
+			h[n-1].Cause != registry.CauseTakenBack || h[n-1].School != "北京四中" {
+			t.Errorf("history: %+v, %v; want the released row kept, then the take-back", h, err)
+		}
 		if _, err := r.TakeBack(ctx, rec, registry.CauseTakenBack); !errors.Is(err, registry.ErrNotOwned) {
 			t.Errorf("TakeBack of an owned row: %v, want ErrNotOwned", err)
 		}

@@ -21,8 +21,8 @@ type cluster struct {
 	controllerKubeconfig string
 }
 
-// startCluster starts a control plane in dir and installs what config/default installs
-// but the Deployment: the CRD, the admission policy, the RBAC.
+// startCluster starts a control plane in dir and installs what config/crd and
+// config/default install but the Deployment: the CRD, the admission policy, the RBAC.
 func startCluster(ctx context.Context, root, dir string) (*cluster, error) {
 	env, err := controlplane.Start(controlplane.Options{Root: root, Dir: dir, WithoutControllerManager: true})
 	if err != nil {

@@ -322,10 +322,15 @@ func testSweepRepairsDrift(t *testing.T, b registrytest.Backend) {
 		}
 	}
 
+	// The orphan is released, kept with its policy: absence never deletes a row.
 	eventually(t, time.Minute, "the sweep to repair the registry", func(context.Context) (bool, error) {
 		rows := rowsOf(t, db)
-		_, orphan := rows["orphan-uid"]
-		return rows[string(byName["d-000"].UID)].UID != "" && rows[string(byName["d-001"].UID)].School == "深圳中学" && !orphan, nil
+		var released int
+		if err := db.QueryRow(`SELECT count(*) FROM students WHERE uid = 'orphan-uid' AND owner IS NULL AND deletion_policy = 'Delete'
+			AND released_by = $1 AND release_cause = 'sweep'`, owner).Scan(&released); err != nil {
+			return false, err
+		}
+		return rows[string(byName["d-000"].UID)].UID != "" && rows[string(byName["d-001"].UID)].School == "深圳中学" && released == 1, nil
 	})
 	time.Sleep(time.Second) // two more sweeps
 	if _, ok := rowsOf(t, db)["out-of-scope-uid"]; !ok {

@@ -33,7 +33,10 @@ import (
 // generation 1; the registry has seen generation 4. The cluster is the desired state:
 // after the restart the rows follow the Students (a RegistryAhead Event says why), the
 // deletion of an Orphan Student finishes with its row released, a spec change after
-// the restore reaches its row, and a Delete Student's deletion deletes it.
+// the restore reaches its row, and a Delete Student's deletion deletes it. Two Students
+// deleted after the copy are live again after the restore: the Orphan one takes back
+// the row its deletion released (RowTakenBack), the Delete one has its row written
+// again (RowRecreated), both within --registry-max-rewinds.
 func TestEtcdRestore(t *testing.T) {
 	t.Parallel() // a control plane of its own
 	ctx := context.Background()
@@ -49,8 +52,9 @@ func TestEtcdRestore(t *testing.T) {
 	args := []string{"--kubeconfig", cp.Kubeconfig, "--registry", "sqlite://" + path, "--registry-owner", owner, "--sweep-interval", "2s"}
 	ctrl := startProcess(t, "controller", args...)
 
-	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"r1": studentv1.DeletionPolicyOrphan, "r2": studentv1.DeletionPolicyDelete})
-	waitAllReadyIn(t, client, 2, time.Minute)
+	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"r1": studentv1.DeletionPolicyOrphan, "r2": studentv1.DeletionPolicyDelete,
+		"r3": studentv1.DeletionPolicyOrphan, "r4": studentv1.DeletionPolicyDelete})
+	waitAllReadyIn(t, client, 4, time.Minute)
 
 	// The backup: etcd's data, copied while etcd is stopped.
 	backup := filepath.Join(t.TempDir(), "etcd")
@@ -62,9 +66,16 @@ func TestEtcdRestore(t *testing.T) {
 		setSchool(t, client, "r1", school)
 		setSchool(t, client, "r2", school)
 	}
+	for _, name := range []string{"r3", "r4"} {
+		if err := client.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	waitAllReadyIn(t, client, 2, time.Minute)
-	waitRows(t, db, "the rows at school D, generation 4", func(rows map[string]row) bool {
-		return rows[uids["r1"]] == row{owner, "school D", 4} && rows[uids["r2"]] == row{owner, "school D", 4}
+	waitRows(t, db, "the rows at school D, generation 4; r3's released, r4's deleted", func(rows map[string]row) bool {
+		_, r4 := rows[uids["r4"]]
+		return rows[uids["r1"]] == row{owner, "school D", 4} && rows[uids["r2"]] == row{owner, "school D", 4} &&
+			rows[uids["r3"]] == row{"", "school A", 2} && !r4 // a deletion is a new generation
 	})
 
 	// The restore: the controller stopped, etcd's data put back, everything started.
@@ -105,6 +116,23 @@ func TestEtcdRestore(t *testing.T) {
 		}
 		list, err := kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=r2,reason=RegistryAhead"})
 		return err == nil && len(list.Items) > 0, err
+	})
+	// The Students deleted after the copy are back: their rows with them, Ready.
+	waitRows(t, db, "r3's row taken back, r4's written again", func(rows map[string]row) bool {
+		return rows[uids["r3"]] == row{owner, "school A", 1} && rows[uids["r4"]] == row{owner, "school A", 1}
+	})
+	eventually(t, 30*time.Second, "RowTakenBack on r3, RowRecreated on r4, both Ready", func(ctx context.Context) (bool, error) {
+		for name, reason := range map[string]string{"r3": "RowTakenBack", "r4": "RowRecreated"} {
+			list, err := kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name + ",reason=" + reason})
+			if err != nil || len(list.Items) == 0 {
+				return false, err
+			}
+			s, err := client.Get(ctx, name, metav1.GetOptions{})
+			if err != nil || !isReady(s) {
+				return false, err
+			}
+		}
+		return true, nil
 	})
 
 	// A spec change after the restore (generation 2, behind the row's 4 before) reaches

@@ -378,6 +378,17 @@ func TestUninstall(t *testing.T) {
 				t.Errorf("Student %s/%s is being deleted", s.Namespace, s.Name)
 			}
 		}
+		if _, err := u.kube.AppsV1().Deployments(controlplane.ControllerNamespace).Get(ctx, "student-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the Deployment after kubectl delete -k config/default: %v, want it gone", err)
+		}
+		claim, err := u.kube.CoreV1().PersistentVolumeClaims(controlplane.ControllerNamespace).Get(ctx, "student-controller-registry", metav1.GetOptions{})
+		if err != nil || claim.DeletionTimestamp != nil {
+			t.Errorf("the registry's claim after kubectl delete -k config/default: %v (deleting: %v), want it kept", err, claim.DeletionTimestamp != nil)
+		}
+		ns, err := u.kube.CoreV1().Namespaces().Get(ctx, controlplane.ControllerNamespace, metav1.GetOptions{})
+		if err != nil || ns.DeletionTimestamp != nil {
+			t.Errorf("the claim's namespace after kubectl delete -k config/default: %v, want it kept", err)
+		}
 		ctrl.signal(syscall.SIGTERM)
 		if err := ctrl.wait(45 * time.Second); err != nil {
 			t.Errorf("the controller's exit: %v", err)
@@ -390,16 +401,19 @@ func TestUninstall(t *testing.T) {
 		if diff := cmp.Diff(before, rowsOf(t, u.db)); diff != "" || len(before) != 10 {
 			t.Errorf("rows after the uninstall and the install again (-before +after), %d before:\n%s", len(before), diff)
 		}
-		if _, err := u.kube.AppsV1().Deployments(controlplane.ControllerNamespace).Get(ctx, "student-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-			t.Errorf("the Deployment after kubectl delete -k config/default: %v, want it gone", err)
+
+		// Deleting the CRD by hand, the controller running, deletes every Student; no
+		// user deleted them, so every row is kept, released.
+		kubectl("delete", "crd", "students.bolingcavalry.k8s.io", "--wait", "--timeout=2m")
+		rows := rowsOf(t, u.db)
+		for uid, policy := range u.uids {
+			if row, ok := rows[uid]; !ok || row.Owner != "" {
+				t.Errorf("row %s (%s) after the CRD's deletion: %+v (there: %v); want it kept, released", uid, policy, row, ok)
+			}
 		}
-		claim, err := u.kube.CoreV1().PersistentVolumeClaims(controlplane.ControllerNamespace).Get(ctx, "student-controller-registry", metav1.GetOptions{})
-		if err != nil || claim.DeletionTimestamp != nil {
-			t.Errorf("the registry's claim after kubectl delete -k config/default: %v (deleting: %v), want it kept", err, claim.DeletionTimestamp != nil)
-		}
-		ns, err := u.kube.CoreV1().Namespaces().Get(ctx, controlplane.ControllerNamespace, metav1.GetOptions{})
-		if err != nil || ns.DeletionTimestamp != nil {
-			t.Errorf("the claim's namespace after kubectl delete -k config/default: %v, want it kept", err)
+		var prunable int
+		if err := u.db.QueryRow(`SELECT count(*) FROM students WHERE release_cause = 'crd-deleted' AND deletion_policy = 'Delete'`).Scan(&prunable); err != nil || prunable != 6 {
+			t.Errorf("rows released for the CRD's deletion with policy Delete: %d, %v; want the 6 Delete ones", prunable, err)
 		}
 	})
 

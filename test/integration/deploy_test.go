@@ -23,8 +23,8 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv"
 )
 
-// TestDeployDryRun: the API server accepts everything in config/registry (the claim and
-// its namespace), config/default, config/postgres and config/samples, with strict field
+// TestDeployDryRun: the API server accepts everything in config/crd, config/registry (the
+// claim and its namespace), config/default, config/postgres and config/samples, with strict field
 // validation (kubectl's default): an unknown or
 // misspelt field fails it, as the schemas of this release say. (A server-side
 // dry run persists nothing, so the namespace it creates must exist for the objects in
@@ -35,7 +35,8 @@ func TestDeployDryRun(t *testing.T) {
 	if err := testenv.EnsureNamespace(ctx, c.kube, "student-controller-system"); err != nil {
 		t.Fatal(err)
 	}
-	out := kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "registry"))
+	out := kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "crd"))
+	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "registry"))
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "default"))
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "postgres"))
 	out += kubectl(ctx, t, "apply", "--dry-run=server", "-k", filepath.Join(env.Root, "config", "samples"))
@@ -174,6 +175,7 @@ func TestDeploymentShape(t *testing.T) {
 		"bolingcavalry.k8s.io/students/finalizers": "update",
 		"/events":                  "create,patch",
 		"/namespaces[kube-system]": "get",
+		"apiextensions.k8s.io/customresourcedefinitions[students.bolingcavalry.k8s.io]": "get",
 	}
 	got := map[string]string{}
 	for _, r := range clusterRules {
