@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -129,14 +128,7 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 		Owner: opts.owner, Scope: opts.scope,
 		SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent, NoSweep: opts.sweepInterval == 0,
 		Exists: func(ctx context.Context, row registry.Record) (bool, error) {
-			s, err := students.BolingcavalryV1().Students(row.Namespace).Get(ctx, row.Name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				return false, nil
-			case err != nil:
-				return false, fmt.Errorf("ask whether Student %s/%s is there: %w", row.Namespace, row.Name, err)
-			}
-			return string(s.UID) == row.UID, nil
+			return studentThere(ctx, students, row)
 		},
 	}, all)
 	return report, err
