@@ -38,6 +38,11 @@ const leaseSchema = 6
 // written, the schema's migration included. An older schema's fence has no holder: a
 // controller migrates it first.
 func (r *Registry) FenceIsLease(ctx context.Context) (bool, error) {
+	if r.schemaReadFault != nil {
+		if err := r.schemaReadFault(); err != nil {
+			return false, fmt.Errorf("registry %s: %w", r.display, err)
+		}
+	}
 	v, err := schemaVersion(ctx, r.db, r.dialect)
 	if err != nil {
 		return false, fmt.Errorf("registry %s: %w", r.display, err)

@@ -194,3 +194,50 @@ func TestWaiterLocksNothing(t *testing.T) {
 		t.Errorf("the waiter's TakeFence: %v, want the fence held by %s", waited, holder.Holder())
 	}
 }
+
+// TestLeadNeverTakesAFailedReadForAnOlderSchema: a controller that cannot read the
+// schema's version (a database blip) retries the read, and never migrates for it.
+// Here the registry is of the schema before this program's and another controller
+// holds the fence: after the blip, Lead waits for the holder, and the schema stays
+// as it is.
+func TestLeadNeverTakesAFailedReadForAnOlderSchema(t *testing.T) {
+	ctx := context.Background()
+	url, db := registrytest.SQLiteBackend().New(t)
+	open(t, url, newFakeClock()).Close()
+	// Back to the schema before 0008.
+	if _, err := db.Exec(`DROP INDEX students_released_by; ALTER TABLE students DROP COLUMN released_by;
+		ALTER TABLE students DROP COLUMN release_cause; DELETE FROM schema_migrations WHERE version = 8`); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := registry.Open(ctx, url, registry.Options{Actor: "holder", LeaseDuration: time.Minute, MigrateLater: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close() })
+	if _, err := holder.TakeFence(ctx, "ctl"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := registry.Open(ctx, url, registry.Options{Actor: "me", MigrateLater: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	failed := 0
+	registry.SetSchemaReadFault(r, func() error {
+		if failed == 0 {
+			failed++
+			return errors.New("the database blinked")
+		}
+		return nil
+	})
+	leadCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ok, err := r.Lead(leadCtx, "ctl", "cluster-a", nil)
+	cancel()
+	if ok || err != nil || failed != 1 {
+		t.Errorf("Lead: %v, %v after %d failed reads; want it still waiting for the holder when its context ended", ok, err, failed)
+	}
+	var version int
+	if err := db.QueryRow(`SELECT MAX(version) FROM schema_migrations`).Scan(&version); err != nil || version != 7 {
+		t.Errorf("the schema after Lead: %d, %v; want 7, not migrated under the holder", version, err)
+	}
+}

@@ -174,8 +174,10 @@ type Registry struct {
 	// led is what Lead made this registry's, for Hold's checks; nil before.
 	led atomic.Pointer[lead]
 	// fenceStall, set by tests alone, runs inside TakeFence's transaction after its
-	// write: a controller paused there.
-	fenceStall func()
+	// write: a controller paused there. schemaReadFault, also, fails FenceIsLease's
+	// read of the schema's version when it returns an error: a database blip.
+	fenceStall      func()
+	schemaReadFault func() error
 	// holder names this registry in the fences it holds: the actor and a random
 	// suffix, new in each process. lease is Options.LeaseDuration.
 	holder string

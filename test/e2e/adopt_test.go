@@ -184,13 +184,17 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 		err := db.QueryRowContext(ctx, `SELECT count(*) FROM students WHERE school = 'elsewhere'`).Scan(&n)
 		return n == 0, err
 	})
-	written += 10
+	// Each write, and just before it the row as the other system left it.
+	written += 20
 	if n := count(`SELECT count(*) FROM student_history`); n != written {
 		t.Errorf("history: %d rows after 10 switched to Manage, want %d", n, written)
 	}
 	for _, s := range drifted {
-		if n := count(`SELECT count(*) FROM student_history WHERE uid = $1 AND action = 'updated'`, string(s.UID)); n != 1 {
+		if n := count(`SELECT count(*) FROM student_history WHERE uid = $1 AND action = 'updated' AND cause <> 'before-managed'`, string(s.UID)); n != 1 {
 			t.Errorf("Student %s: %d rows updated, want 1", s.Name, n)
+		}
+		if n := count(`SELECT count(*) FROM student_history WHERE uid = $1 AND cause = 'before-managed' AND school = 'elsewhere'`, string(s.UID)); n != 1 {
+			t.Errorf("Student %s: %d copies of the row as observed, want 1 (school elsewhere)", s.Name, n)
 		}
 	}
 
