@@ -8,7 +8,8 @@ import (
 )
 
 // TestOneVersion: the binary (the Makefile stamps the VERSION file's), the image (the
-// same variable), the chart and the changelog's newest entry name one version.
+// same variable), the chart and the changelog's newest entry name one version; the
+// license is Apache-2.0, and the chart names it.
 func TestOneVersion(t *testing.T) {
 	read := func(path string) string {
 		t.Helper()
@@ -26,6 +27,14 @@ func TestOneVersion(t *testing.T) {
 		t.Error("the Makefile does not stamp the binary and the image with the VERSION file's version")
 	}
 	chart := read("../../charts/student-controller/Chart.yaml")
+	// The license: Apache-2.0, in LICENSE, and named by the chart (the image's label
+	// is hack/tools/image's).
+	if license := read("../../LICENSE"); !strings.Contains(license, "Apache License\n                           Version 2.0, January 2004") {
+		t.Error("LICENSE is not the Apache License 2.0")
+	}
+	if !strings.Contains(chart, "artifacthub.io/license: Apache-2.0") {
+		t.Error("Chart.yaml does not name the license (annotation artifacthub.io/license)")
+	}
 	for _, field := range []string{"version: " + version, `appVersion: "` + version + `"`} {
 		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(field) + `$`).MatchString(chart) {
 			t.Errorf("Chart.yaml lacks %q", field)
