@@ -152,8 +152,29 @@ func TestDocsNameWhatExists(t *testing.T) {
 		if !tabled[alert] {
 			t.Errorf("alerts.yaml has %s, which no alerts table in docs/ lists", alert)
 		}
+		// Each alert's runbook: its section of docs/runbooks.md.
+		url := runbookBase + strings.ToLower(alert)
+		if !strings.Contains(string(alertsYAML), "runbook_url: "+url+"\n") {
+			t.Errorf("alert %s has no runbook_url %s", alert, url)
+		}
+		if !hasAnchor(t, "../../docs/runbooks.md", strings.ToLower(alert)) {
+			t.Errorf("docs/runbooks.md has no section for alert %s", alert)
+		}
+	}
+	// Each reason the controller reports: its section of docs/troubleshooting.md.
+	for _, m := range apiReason.FindAllStringSubmatch(code, -1) {
+		if !hasAnchor(t, "../../docs/troubleshooting.md", slug(m[1])) {
+			t.Errorf("docs/troubleshooting.md has no section for the reason %s", m[1])
+		}
 	}
 }
+
+// runbookBase is where the alerts' runbook_url point: docs/runbooks.md, as the chart's
+// home serves it.
+const runbookBase = "https://github.com/student-controller/student-controller/blob/main/docs/runbooks.md#"
+
+// apiReason is a reason the API declares.
+var apiReason = regexp.MustCompile(`(?m)^\s+Reason[A-Za-z]+\s*=\s*"([A-Za-z]+)"$`)
 
 // hasAnchor says whether the page at path has a heading whose anchor (as GitHub makes
 // it) is anchor.
