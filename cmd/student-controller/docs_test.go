@@ -38,6 +38,14 @@ func TestFlagsDoc(t *testing.T) {
 		"(k8s.io/component-base/logs). `-v=2` shows each row written, `-v=4` each sync; `--logging-format=json` writes one " +
 		"JSON object per line, with the same key-value pairs (`student`, `uid`, `action`, `generation`, `duration`).\n\n")
 	b.WriteString(flagTable(logging))
+	var rf registryFlags
+	registry := flag.NewFlagSet("registry", flag.ContinueOnError)
+	rf.add(registry)
+	b.WriteString("\n## The registry subcommands\n\n`student-controller registry move-cluster|rename-owner|backup|adopt|prune` " +
+		"take the flags above that name the registry, its owner and the cluster (`--registry`, `--registry-owner`, " +
+		"`--registry-password-file`, `--kubeconfig`, `--namespace`, `--dry-run`), and these of their own; each says which " +
+		"subcommands take it.\n\n")
+	b.WriteString(flagTable(registry))
 	golden(t, "../../docs/flags.md", b.String())
 }
 

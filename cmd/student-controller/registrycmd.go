@@ -69,6 +69,27 @@ writing: rows and history of one moment. It changes nothing. A PostgreSQL regist
 backed up with pg_dump (docs/operating.md, "Backup and restore").
 `
 
+// registryFlags are the registry subcommands' own flags, beside the controller's.
+type registryFlags struct {
+	from, to string
+	migrate  bool
+	prune    pruneOptions
+	adopt    adoptOptions
+}
+
+// add defines rf's flags on fs (docs/flags.md lists them from here too).
+func (rf *registryFlags) add(fs *flag.FlagSet) {
+	fs.StringVar(&rf.from, "from", "", "move-cluster: the cluster the owner is bound to now (a kube-system namespace UID).")
+	fs.StringVar(&rf.to, "to", "", "rename-owner: the owner's new name; backup: the file to write.")
+	fs.BoolVar(&rf.migrate, "migrate", false, "move-cluster, rename-owner, adopt, prune: migrate a registry whose schema is older than this program's first.")
+	fs.IntVar(&rf.prune.max, "max-prunes", 100, "prune: the most rows one run deletes; past it, it deletes none.")
+	fs.BoolVar(&rf.prune.yes, "yes", false, "prune: delete the rows listed; without it prune only lists them.")
+	fs.StringVar(&rf.adopt.school, "school", "", "adopt: only rows of this school.")
+	fs.BoolVar(&rf.adopt.createNamespaces, "create-namespaces", false, "adopt: make the namespaces that rows name and that do not exist.")
+	fs.IntVar(&rf.adopt.max, "max-adoptions", 1000, "adopt: the most rows one run adopts; past it, it adopts none.")
+	fs.StringVar(&rf.adopt.output, "o", "table", "adopt: output format, table or json.")
+}
+
 // registryCommand runs "student-controller registry ...": explicit, one-off changes to
 // what the registry records about its owners. It returns the process's exit code.
 func registryCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -80,20 +101,12 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	var opts options
 	opts.addFlags(fs)
-	from := fs.String("from", "", "move-cluster: the cluster the owner is bound to now (a kube-system namespace UID).")
-	to := fs.String("to", "", "rename-owner: the owner's new name; backup: the file to write.")
-	migrate := fs.Bool("migrate", false, "move-cluster, rename-owner, adopt, prune: migrate a registry whose schema is older than this program's first.")
-	var po pruneOptions
-	fs.IntVar(&po.max, "max-prunes", 100, "prune: the most rows one run deletes; past it, it deletes none.")
-	fs.BoolVar(&po.yes, "yes", false, "prune: delete the rows listed; without it prune only lists them.")
-	var ao adoptOptions
-	fs.StringVar(&ao.school, "school", "", "adopt: only rows of this school.")
-	fs.BoolVar(&ao.createNamespaces, "create-namespaces", false, "adopt: make the namespaces that rows name and that do not exist.")
-	fs.IntVar(&ao.max, "max-adoptions", 1000, "adopt: the most rows one run adopts; past it, it adopts none.")
-	fs.StringVar(&ao.output, "o", "table", "adopt: output format, table or json.")
+	var rf registryFlags
+	rf.add(fs)
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
+	from, to, migrate, po, ao := &rf.from, &rf.to, &rf.migrate, rf.prune, rf.adopt
 	if err := opts.parseRegistry(); err != nil {
 		fmt.Fprintf(stderr, "student-controller registry %s: %v\n", args[0], err)
 		return 1
