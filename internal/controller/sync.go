@@ -33,9 +33,7 @@ const (
 	EventSweepRefused      = "SweepRefused"
 	EventRegistryAhead     = "RegistryAhead"
 	EventRowTakenBack      = "RowTakenBack"
-	EventRowReleased       = "RowReleased"
 	EventRowRecreated      = "RowRecreated"
-	EventRowDeleted        = "RowDeleted"
 )
 
 // sync brings the registry in line with one Student. It is level-based: it reads the

@@ -82,15 +82,8 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 			"time wholesale or a clone, not one Student restored. Nothing was written. If this cluster is the one the registry "+
 			"follows, restart the controller with a higher --registry-max-rewinds",
 			cmp.Or(row.ReleaseCause, "unknown cause"), row.ReleasedAt.Format(time.RFC3339), c.cfg.MaxRewinds)
-		changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRowReleased, msg), s.Status.Registry)
-		if err != nil && !apierrors.IsNotFound(err) {
-			return row, "", err
-		}
-		if changed {
-			c.write.warn(s, EventRowReleased, msg)
-		}
-		c.cfg.Metrics.observeRewriteRefused()
-		return row, "", terminal(fmt.Errorf("row %s was released and is past the bound of rows taken back: %w", row.UID, registry.ErrNotOwned))
+		return row, "", c.refuseUndo(ctx, s, studentv1.ReasonRowReleased, msg,
+			fmt.Errorf("row %s was released and is past the bound of rows taken back: %w", row.UID, registry.ErrNotOwned))
 	}
 	taken, err := c.write.takeBack(ctx, want, registry.CauseTakenBack)
 	switch {
@@ -136,15 +129,8 @@ func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) (*re
 			"gone back in time, writing to production's registry. Nothing was written. If this cluster is the one the registry "+
 			"follows, restart the controller with a higher --registry-max-rewinds",
 			last.At.Format(time.RFC3339), last.Cause, last.Actor, c.cfg.MaxRewinds)
-		changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRowDeleted, msg), s.Status.Registry)
-		if err != nil && !apierrors.IsNotFound(err) {
-			return nil, err
-		}
-		if changed {
-			c.write.warn(s, EventRowDeleted, msg)
-		}
-		c.cfg.Metrics.observeRewriteRefused()
-		return nil, terminal(fmt.Errorf("row %s was deleted (%s) and is past the bound of rows undone", s.UID, last.Cause))
+		return nil, c.refuseUndo(ctx, s, studentv1.ReasonRowDeleted, msg,
+			fmt.Errorf("row %s was deleted (%s) and is past the bound of rows undone", s.UID, last.Cause))
 	}
 	return &last, nil
 }
@@ -160,13 +146,22 @@ func (c *Controller) refuseRewind(ctx context.Context, s *studentv1.Student, row
 		"%d rows since it started, its bound (--registry-max-rewinds): so many rows ahead looks like a cloned cluster that shares "+
 		"production's registry rather than an etcd restore. Nothing was written. If this cluster is the one the registry follows, "+
 		"restart the controller with a higher --registry-max-rewinds", row.Generation, want.Generation, c.cfg.MaxRewinds)
-	changed, err := c.updateStatus(ctx, s, notReady(studentv1.ReasonRegistryAhead, msg), s.Status.Registry)
+	return c.refuseUndo(ctx, s, studentv1.ReasonRegistryAhead, msg,
+		fmt.Errorf("row %s is ahead of its Student and past the bound of rows taken back: %w", row.UID, registry.ErrStale))
+}
+
+// refuseUndo reports a row not undone because Config.MaxRewinds is reached: the
+// Student not Ready with reason and msg, a Warning of the same reason once per change
+// of status, the refusal counted; it returns cause as terminal (a restart with a
+// higher bound, not a retry, changes it).
+func (c *Controller) refuseUndo(ctx context.Context, s *studentv1.Student, reason, msg string, cause error) error {
+	changed, err := c.updateStatus(ctx, s, notReady(reason, msg), s.Status.Registry)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	if changed {
-		c.write.warn(s, EventRegistryAhead, msg)
+		c.write.warn(s, reason, msg)
 	}
 	c.cfg.Metrics.observeRewriteRefused()
-	return terminal(fmt.Errorf("row %s is ahead of its Student and past the bound of rows taken back: %w", row.UID, registry.ErrStale))
+	return terminal(cause)
 }
