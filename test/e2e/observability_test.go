@@ -64,10 +64,15 @@ func TestReadinessAndMetrics(t *testing.T) {
 
 	createMany(t, ns, 3, "m")
 	waitAllReady(t, ns, 3, time.Minute)
-	_, body, err := get("http://" + p.MetricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A sync is counted once it returns, just after its status write: a Student can
+	// show Ready a moment before its sync is counted, so wait for the count.
+	success := func(labels string) bool { return labels == `result="success"` }
+	var body string
+	waitFor(t, 30*time.Second, "/metrics to count 3 successful syncs", func() bool {
+		_, b, err := get("http://" + p.MetricsAddr + "/metrics")
+		body = b
+		return err == nil && testenv.MetricSum(b, "student_controller_reconcile_total", success) >= 3
+	})
 	for _, want := range []string{
 		`student_controller_reconcile_duration_seconds_bucket{result="success"`,
 		// A new Student's row is inserted, with no read first.
@@ -87,12 +92,8 @@ func TestReadinessAndMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	// The sync results and sweep outcomes are exported at 0 from the start: their
-	// values say whether the syncs and the first sweep were counted.
-	success := func(labels string) bool { return labels == `result="success"` }
-	if n := testenv.MetricSum(body, "student_controller_reconcile_total", success); n < 3 {
-		t.Errorf("/metrics counts %v successful syncs, want at least 3", n)
-	}
+	// The sweep outcomes are exported at 0 from the start: their sum says whether
+	// the first sweep was counted.
 	if n := testenv.MetricSum(body, "student_controller_sweep_total", nil); n < 1 {
 		t.Errorf("/metrics counts %v sweeps, want at least the first one", n)
 	}
