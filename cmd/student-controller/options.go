@@ -31,6 +31,7 @@ type options struct {
 	maxIdleConns            int
 	connMaxLifetime         time.Duration
 	owner                   string
+	markNamespace           string
 	sweepInterval           time.Duration
 	sweepMaxDeletions       int
 	maxRewinds              int
@@ -100,6 +101,10 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxRewinds, "registry-max-rewinds", 100,
 		"Rows found at a newer generation than their Students (after an etcd restore) that the controller takes back to its Students from its start; "+
 			"past it such a row makes its Student not Ready (reason RegistryAhead), since so many looks like a cloned cluster sharing production's registry.")
+	fs.StringVar(&o.markNamespace, "registry-mark-namespace", "",
+		"Namespace of the ConfigMap OWNER-registry-mark, in which the cluster keeps the highest mark it has seen the registry at, "+
+			"so that a registry put back in time (an older backup, a point-in-time recovery) is noticed. Defaults to the Lease's namespace "+
+			"(--leader-elect-namespace), else the Pod's (POD_NAMESPACE), else kube-system with --leader-elect; without any, the mark is not kept.")
 	fs.DurationVar(&o.lockWait, "registry-lock-wait", registry.DefaultLockWait,
 		"Longest a registry write waits for a row that another session has locked (PostgreSQL), before it fails and is tried again; "+
 			"the writes that share its transaction do not wait for it longer.")

@@ -24,10 +24,11 @@ type pruneOptions struct {
 // that absence released. It lists the rows the owner released without their Students
 // while they recorded the Delete policy, keeps those whose Student the API server has
 // (its controller takes them back), and with --yes deletes the rest, holding the
-// owner's write fence; past --max-prunes it deletes none. It returns the exit code: 2
+// owner's write fence; past --max-prunes it deletes none. While the registry is behind
+// the cluster's mark (it went back in time) it refuses. It returns the exit code: 2
 // when rows would be pruned (no --yes) or the bound refused them, 0 otherwise.
 func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Writer) (int, error) {
-	_, students, cluster, err := commandClients(ctx, opts)
+	kube, students, cluster, err := commandClients(ctx, opts)
 	if err != nil {
 		return 1, err
 	}
@@ -45,6 +46,11 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Wri
 	defer func() { release(); _ = reg.Close() }()
 	if err := reg.CheckBinding(ctx, opts.owner, cluster); err != nil {
 		return 1, err
+	}
+	// A registry put back in time holds rows whose policy the cluster changed since:
+	// nothing is pruned on its word until an operator confirms it.
+	if err := registryBehind(ctx, kube, opts, reg); err != nil {
+		return 1, fmt.Errorf("refused: %w", err)
 	}
 	released, malformed, err := reg.ListReleased(ctx, opts.owner)
 	if err != nil {

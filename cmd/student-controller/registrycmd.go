@@ -61,8 +61,10 @@ prune deletes rows that OWNER released because their Students were not found (th
 sweep never deletes on absence) while they recorded the Delete policy: the rows a
 finalizer would have deleted. It asks the API server for each and keeps those whose
 Student is there. Without --yes it lists them and changes nothing; past --max-prunes
-rows (100) it deletes none. Exit status: 2 when rows would be pruned, or were refused;
-1 on an error; 0 otherwise. Back up the registry first.
+rows (100) it deletes none. While the registry is behind the mark the cluster keeps
+(it was put back in time, and no operator has confirmed it) it refuses. Exit status: 2
+when rows would be pruned, or were refused; 1 on an error; 0 otherwise. Back up the
+registry first.
 
 backup copies a SQLite registry to FILE, which must not exist, while controllers go on
 writing: rows and history of one moment. It changes nothing. A PostgreSQL registry is

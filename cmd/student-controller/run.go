@@ -55,14 +55,18 @@ func run(ctx context.Context, opts options) error {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
 	var running atomic.Pointer[controller.Controller]
-	// fenceHolder is the controller this one waits for, while it does.
-	var fenceHolder atomic.Pointer[string]
+	// fenceHolder is the controller this one waits for, while it does; behind says the
+	// registry is behind the cluster's mark, while it is (markKeeper).
+	var fenceHolder, behind atomic.Pointer[string]
 	ready := func() error {
 		if c := running.Load(); c == nil || !c.HasSynced() {
 			return errors.New("the Student cache has not synced")
 		}
 		if holder := fenceHolder.Load(); holder != nil {
 			return fmt.Errorf("another controller of owner %q holds the registry's write fence: %s", opts.owner, *holder)
+		}
+		if msg := behind.Load(); msg != nil {
+			return errors.New(*msg)
 		}
 		return nil
 	}
@@ -103,6 +107,18 @@ func run(ctx context.Context, opts options) error {
 		return fmt.Errorf("--tracing-endpoint: %w", err)
 	}
 	defer stopTracing()
+	var keeper *markKeeper
+	if namespace, name := markPlace(opts); namespace != "" && !opts.dryRun {
+		keeper = &markKeeper{client: kubeClient, namespace: namespace, name: name, owner: opts.owner, reg: writable,
+			metrics: metrics, pod: podReference(), behind: &behind}
+	} else if !opts.dryRun {
+		logger.Info("The registry's mark is not kept in the cluster: with no namespace for it (--registry-mark-namespace, POD_NAMESPACE), " +
+			"a registry put back in time is not noticed")
+	}
+	var registryBehind func() error
+	if keeper != nil {
+		registryBehind = keeper.Behind
+	}
 	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
 		Scope:          opts.scope,
 		TracerProvider: tracerProvider,
@@ -118,6 +134,7 @@ func run(ctx context.Context, opts options) error {
 			SyncTimeout:             opts.syncTimeout,
 			RateLimiter:             rateLimiter,
 			SweepEventTarget:        podReference(),
+			RegistryBehind:          registryBehind,
 			Metrics:                 metrics,
 			Leading:                 leading,
 		},
@@ -127,6 +144,9 @@ func run(ctx context.Context, opts options) error {
 	}
 	defer wiring.Shutdown()
 	ctrl := wiring.Controller
+	if keeper != nil {
+		keeper.recorder = wiring.Recorder
+	}
 	running.Store(ctrl)
 
 	if opts.pprofAddr != "0" {
@@ -182,6 +202,15 @@ func run(ctx context.Context, opts options) error {
 			lost <- err
 		}()
 		err = writable.CheckSchema(workCtx) // a newer version may have migrated it meanwhile
+		if err == nil && keeper != nil {
+			// The marks are compared before the first sweep; until a check succeeds
+			// the sweep releases nothing.
+			if err := keeper.check(workCtx); err != nil {
+				logger.Error(err, "Cannot compare the registry's mark with the cluster's yet; the sweep releases nothing until it can",
+					"configMap", klog.KRef(keeper.namespace, keeper.name))
+			}
+			go keeper.run(workCtx, writable.LeaseDuration()/3)
+		}
 		if err == nil {
 			err = drained(workCtx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
 		}

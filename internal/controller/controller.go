@@ -114,6 +114,10 @@ type Config struct {
 	// Tracer traces each sync (its queue wait, registry operations and status write);
 	// nil traces nothing, at no cost.
 	Tracer trace.Tracer
+	// RegistryBehind, when set, is nil while the registry may be trusted about rows
+	// without Students, and otherwise says why not (it went back in time and no
+	// operator has confirmed it): then the sweep releases nothing.
+	RegistryBehind func() error
 	// CRDDeleting, when set, says whether the Student CRD is being deleted: then every
 	// Student is deleted by the API server, not by a user, and a finalizer releases its
 	// row instead of deleting it. NewWiring sets it; unset, the CRD is never deleting.

@@ -23,6 +23,7 @@ type Metrics struct {
 	sweepDuration     prometheus.Histogram
 	releasedAbsent    prometheus.Counter
 	rewritesRefused   prometheus.Counter
+	registryBehind    prometheus.Gauge
 	undone            *prometheus.CounterVec
 	malformedRows     prometheus.Gauge
 	registryAhead     prometheus.Counter
@@ -80,7 +81,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"action"}),
 		sweepTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "student_controller_sweep_total",
-			Help: "Registry sweeps, by outcome: clean, repaired (rows queued for repair or orphans released), refused (mass deletion past the bound), error.",
+			Help: "Registry sweeps, by outcome: clean, repaired (rows queued for repair or orphans released), refused (orphans past the bound, or while the registry is behind the cluster's mark: none released), error.",
 		}, []string{"outcome"}),
 		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "student_controller_sweep_duration_seconds",
@@ -98,6 +99,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		rewritesRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "student_controller_registry_rewrites_refused_total",
 			Help: "Rows this controller did not take back, rewind or write again because it had undone as many as --registry-max-rewinds allows since it started; their Students are Ready=False and say why.",
+		}),
+		registryBehind: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "student_controller_registry_behind",
+			Help: "1 while the registry's mark is below the one this cluster has seen (the registry went back in time: an older backup put back, a point-in-time recovery, a failover to a standby that lagged) and no operator has confirmed it: the sweep releases nothing and prune refuses. 0 otherwise.",
 		}),
 		malformedRows: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "student_controller_registry_malformed_rows",
@@ -167,7 +172,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reconcileTotal, m.reconcileDuration, m.registryDuration, m.rowsWritten, m.sweepTotal, m.sweepDuration,
-			m.releasedAbsent, m.rewritesRefused, m.undone, m.malformedRows, m.registryAhead, m.notReady, m.drifted, m.paused, m.pausedOldest, m.plannedActions,
+			m.releasedAbsent, m.rewritesRefused, m.registryBehind, m.undone, m.malformedRows, m.registryAhead, m.notReady, m.drifted, m.paused, m.pausedOldest, m.plannedActions,
 			m.fenceHeld, m.fenceWaiting, m.syncLatency)
 	}
 	return m
@@ -210,6 +215,14 @@ func (m *Metrics) observeUndone(action string) {
 		return
 	}
 	m.undone.WithLabelValues(action).Inc()
+}
+
+// SetRegistryBehind says whether the registry is behind the cluster's mark.
+func (m *Metrics) SetRegistryBehind(behind bool) {
+	if m == nil {
+		return
+	}
+	m.registryBehind.Set(map[bool]float64{false: 0, true: 1}[behind])
 }
 
 // observeRewriteRefused counts a row not undone because the bound was reached.
@@ -368,7 +381,7 @@ func (m *Metrics) observeRow(action string) {
 const (
 	sweepClean    = "clean"
 	sweepRepaired = "repaired" // rows queued for repair or orphans released
-	sweepRefused  = "refused"  // mass deletion past the bound
+	sweepRefused  = "refused"  // orphans past the bound, or the registry behind
 	sweepError    = "error"
 )
 

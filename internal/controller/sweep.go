@@ -160,6 +160,17 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		return result, nil
 	}
 
+	if len(plan.Orphans) > 0 && c.cfg.RegistryBehind != nil {
+		if err := c.cfg.RegistryBehind(); err != nil {
+			// Rows without Students on a registry that went back in time may be
+			// rows the cluster let go of since: kept as they are.
+			result.Refused = true
+			logger.Info("Sweep lets go of no row: the registry cannot be trusted about rows without Students yet",
+				"orphans", len(plan.Orphans), "reason", err.Error())
+			return result, nil
+		}
+	}
+
 	var errs []error
 	for _, row := range plan.Orphans {
 		// The cache may be behind the API server; a row is deleted only when the API

@@ -112,7 +112,19 @@ func TestSweep(t *testing.T) {
 		wantEvents  []string
 		eventTarget *corev1.ObjectReference
 		scope       string // Config.Scope: --namespace, then --selector, split by a space
+		behind      error  // Config.RegistryBehind's answer
 	}{
+		"registry behind the cluster's mark: the orphan is kept as it is, the missing row queued": {
+			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
+			rows: []registry.Record{
+				recordOf(owner, newStudent("a")),
+				recordOf(owner, newStudent("gone")),
+			},
+			behind:     errors.New("the registry's mark is 3, below the 7 this cluster has seen"),
+			wantResult: SweepResult{Rows: 2, Resync: 1, Orphans: 1, Refused: true},
+			wantRows:   []string{"uid-a", "uid-gone"},
+			wantQueued: []string{"school/b"},
+		},
 		"orphan released (its policy Delete kept), foreign row kept, missing row queued": {
 			students: []*studentv1.Student{newStudent("a"), newStudent("b")},
 			rows: []registry.Record{
@@ -220,6 +232,9 @@ func TestSweep(t *testing.T) {
 				}
 			}
 			f.ctrl.cfg.SweepEventTarget = tc.eventTarget
+			if tc.behind != nil {
+				f.ctrl.cfg.RegistryBehind = func() error { return tc.behind }
+			}
 			namespaces, selector, _ := strings.Cut(tc.scope, " ")
 			scope, err := ParseScope(namespaces, selector)
 			if err != nil {
@@ -244,6 +259,9 @@ func TestSweep(t *testing.T) {
 			// Every orphan it let go is released by this owner for the sweep, with the
 			// policy it recorded: a Delete row is prunable, never deleted.
 			for _, row := range f.rows() {
+				if tc.behind != nil && row.Owner != owner {
+					t.Errorf("row %s is no longer the owner's (owner %q) while the registry is behind", row.UID, row.Owner)
+				}
 				if row.Owner == "" && (row.ReleasedBy != owner || row.ReleaseCause != registry.CauseSweep) {
 					t.Errorf("row %s released by %q for %q; want %q, %q", row.UID, row.ReleasedBy, row.ReleaseCause, owner, registry.CauseSweep)
 				}

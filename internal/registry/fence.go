@@ -227,3 +227,46 @@ func randomSuffix() string {
 	}
 	return hex.EncodeToString(b[:])
 }
+
+// AdvanceMark raises the owner's mark by one, under the fence this registry holds, and
+// returns it: the registry's own clock, which only a holder moves forward and only a
+// registry put back in time moves back. The controller calls it every third of the
+// lease and keeps the highest it has seen outside the registry (in the cluster), so
+// that a registry found below it is known to be older than what the cluster has seen.
+// ErrFenced when the fence is no longer this registry's; an error when it holds none.
+func (r *Registry) AdvanceMark(ctx context.Context) (int64, error) {
+	token := r.fence.Load()
+	if token == 0 {
+		return 0, errors.New("advance the registry's mark: this registry holds no write fence")
+	}
+	owner := *r.fenceOwner.Load()
+	done, err := r.turn(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("advance the registry's mark of owner %q: %w", owner, err)
+	}
+	defer done()
+	var mark int64
+	err = r.db.QueryRowContext(ctx, `UPDATE fences SET mark = mark + 1 WHERE owner = $1 AND token = $2 RETURNING mark`,
+		owner, token).Scan(&mark)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, fmt.Errorf("advance the registry's mark: write fence %d of owner %q: %w", token, owner, ErrFenced)
+	case err != nil:
+		return 0, fmt.Errorf("advance the registry's mark of owner %q: %w", owner, err)
+	}
+	return mark, nil
+}
+
+// ReadMark is owner's mark as the registry has it now (AdvanceMark); 0 when the owner
+// has no fence yet.
+func (r *Registry) ReadMark(ctx context.Context, owner string) (int64, error) {
+	var mark int64
+	err := r.db.QueryRowContext(ctx, `SELECT mark FROM fences WHERE owner = $1`, owner).Scan(&mark)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("read the registry's mark of owner %q: %w", owner, err)
+	}
+	return mark, nil
+}

@@ -5,14 +5,17 @@ import (
 	"database/sql"
 	"errors"
 	"io/fs"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -261,11 +264,13 @@ func copyDir(t *testing.T, from, to string) {
 // SQLite, pg_dump on PostgreSQL), then restored once the cluster has moved on: a
 // Student changed, three deleted (one of them switched from Delete to Orphan first),
 // one created. With the controller stopped the backup is put back, and the controller
-// started again. The live Students' rows come back as their Students are, the row that
-// did not change is not written, and no row is destroyed on absence: the rows of the
-// Students deleted since are kept, released, whatever policy the older backup says.
-// registry prune lists the Delete ones, refuses to delete while the controller holds
-// the owner's fence, and deletes them once it is stopped.
+// started again. It finds the registry behind the mark the cluster keeps: not ready,
+// the metric at 1, the live Students' rows written back as their Students are (the
+// row that did not change is not written), and nothing released or pruned on the
+// older backup's word. Once an operator confirms, the rows of the Students deleted
+// since are released and kept, whatever policy the backup says. registry prune lists
+// the Delete ones, refuses to delete while the controller holds the owner's fence,
+// and deletes them once it is stopped.
 func TestBackupDrill(t *testing.T) {
 	t.Parallel()
 	registrytest.ForEach(t, pg, testBackupDrill)
@@ -278,6 +283,8 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 	url, db := b.New(t)
 	procURL, passwordArgs := registrytest.ForProcess(t, url)
 	common := append([]string{"--kubeconfig", controllerID.Kubeconfig, "--registry", procURL, "--registry-owner", owner}, passwordArgs...)
+	common = append(common, "--registry-mark-namespace", ns)
+	markRBAC(t, ns, owner+"-registry-mark")
 	args := append([]string{"--namespace", ns, "--sweep-interval", "2s"}, common...)
 	ctrl := startProcess(t, "controller", args...)
 	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"kept": "Delete", "changed": "Delete", "gone-delete": "Delete",
@@ -296,6 +303,12 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 		pgTool(t, "pg_dump", "--format=custom", "--file="+backup, "--dbname="+url)
 	}
 	keptWritten := updatedAt(t, db, uids["kept"])
+	// The cluster's mark passes the backup's before the restore.
+	var backupMark int64
+	if err := db.QueryRow(`SELECT mark FROM fences WHERE owner = $1`, owner).Scan(&backupMark); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the cluster's mark to pass the backup's", func() bool { return clusterMark(t, ns) > backupMark })
 
 	// The cluster moves on.
 	setSchool(t, client, "changed", "school B")
@@ -334,6 +347,49 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 	}
 	ctrl = startProcess(t, "controller-after-restore", args...)
 
+	// Behind: live rows written back, nothing released, not ready, prune refused.
+	asBackedUp := row{owner, "school A", 1}
+	waitRows(t, db, "the live Students' rows written back, the deleted ones' left as the backup has them", func(rows map[string]row) bool {
+		return len(rows) == 6 &&
+			rows[uids["kept"]] == asBackedUp && rows[uids["changed"]] == row{owner, "school B", 2} &&
+			rows[uids["created"]] == asBackedUp &&
+			rows[uids["gone-delete"]] == asBackedUp && rows[uids["gone-orphan"]] == asBackedUp && rows[uids["switched"]] == asBackedUp
+	})
+	waitFor(t, time.Minute, "a sweep refused while the registry is behind", func() bool {
+		_, body, err := get("http://" + ctrl.MetricsAddr + "/metrics")
+		return err == nil && testenv.MetricSum(body, "student_controller_registry_behind", nil) == 1 &&
+			testenv.MetricSum(body, "student_controller_sweep_total", func(l string) bool { return l == `outcome="refused"` }) >= 1
+	})
+	if code, body, _ := get("http://" + ctrl.ProbeAddr + "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "went back in time") {
+		t.Errorf("/readyz while the registry is behind: %d %q; want 503 saying the registry went back in time", code, body)
+	}
+	if rows := sqliteRows(t, db); rows[uids["gone-orphan"]] != asBackedUp || rows[uids["switched"]] != asBackedUp {
+		t.Errorf("rows of deleted Students after a refused sweep: %v; want them as the backup has them", rows)
+	}
+	prune := func(extra ...string) (string, int) {
+		cmd := exec.Command(ctrlbin.Binary(t), append(append([]string{"registry", "prune", "--namespace", ns}, common...), extra...)...) // #nosec G204 -- the controller built for the test
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	if out, code := prune(); code != 1 || !strings.Contains(out, "below the") {
+		t.Errorf("registry prune while the registry is behind: exit %d; want 1, naming both marks:\n%s", code, out)
+	}
+
+	// The operator confirms the registry as it is.
+	cms := kubeClient().CoreV1().ConfigMaps(ns)
+	cm, err := cms.Get(ctx, owner+"-registry-mark", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Annotations = map[string]string{"bolingcavalry.k8s.io/registry-behind-confirmed": cm.Data["mark"]}
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	released := row{"", "school A", 1}
 	waitRows(t, db, "the rows as the Students are, the deleted ones' kept and released", func(rows map[string]row) bool {
 		return len(rows) == 6 &&
@@ -346,18 +402,13 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 		t.Errorf("the row that did not change was written: updated_at %s, was %s", got, keptWritten)
 	}
 	waitAllReady(t, ns, 3, time.Minute)
+	waitFor(t, time.Minute, "/readyz once confirmed", func() bool {
+		code, _, _ := get("http://" + ctrl.ProbeAddr + "/readyz")
+		return code == http.StatusOK
+	})
 
 	// prune: the two rows the backup says Delete, listed; refused while the controller
 	// holds the fence; deleted once it is stopped.
-	prune := func(extra ...string) (string, int) {
-		cmd := exec.Command(ctrlbin.Binary(t), append(append([]string{"registry", "prune", "--namespace", ns}, common...), extra...)...) // #nosec G204 -- the controller built for the test
-		out, err := cmd.CombinedOutput()
-		var exit *exec.ExitError
-		if err != nil && !errors.As(err, &exit) {
-			t.Fatal(err)
-		}
-		return string(out), cmd.ProcessState.ExitCode()
-	}
 	out, code := prune()
 	if code != 2 || !strings.Contains(out, uids["gone-delete"]) || !strings.Contains(out, uids["switched"]) || strings.Contains(out, uids["gone-orphan"]) {
 		t.Errorf("registry prune: exit %d; want 2, listing gone-delete and switched alone:\n%s", code, out)
@@ -429,4 +480,42 @@ func copyFile(t *testing.T, from, to string) {
 	if err := os.WriteFile(to, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// markRBAC lets the controller's ServiceAccount keep the registry's mark in the
+// ConfigMap name of namespace ns, as config/rbac's leader election Role does in the
+// controller's namespace.
+func markRBAC(t *testing.T, ns, name string) {
+	t.Helper()
+	ctx := context.Background()
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "registry-mark", Namespace: ns},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{name}, Verbs: []string{"get", "update"}},
+		},
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "registry-mark", Namespace: ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: serviceAccount, Namespace: systemNamespace}},
+	}
+	if _, err := kubeClient().RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubeClient().RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// clusterMark is the registry's mark that the cluster keeps in namespace ns; 0 while
+// there is none.
+func clusterMark(t *testing.T, ns string) int64 {
+	t.Helper()
+	cm, err := kubeClient().CoreV1().ConfigMaps(ns).Get(context.Background(), owner+"-registry-mark", metav1.GetOptions{})
+	if err != nil {
+		return 0
+	}
+	mark, _ := strconv.ParseInt(cm.Data["mark"], 10, 64)
+	return mark
 }

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/registry"
+)
+
+// TestMarkKeeper: the cluster keeps the highest mark it has seen the registry at. A
+// registry put back below it is behind, and stays so as its mark climbs again, until
+// an operator confirms with the annotation; prune refuses meanwhile.
+func TestMarkKeeper(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "registry.db")
+	url := "sqlite://" + path
+	reg, err := registry.Open(ctx, url, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	if _, err := reg.TakeFence(ctx, "stu"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+
+	client := fake.NewClientset()
+	promReg := prometheus.NewRegistry()
+	recorder := record.NewFakeRecorder(10)
+	var behind atomic.Pointer[string]
+	opts := options{owner: "stu", markNamespace: "system"}
+	namespace, name := markPlace(opts)
+	if name != "stu-registry-mark" {
+		t.Fatalf("the ConfigMap's name: %q", name)
+	}
+	k := &markKeeper{client: client, namespace: namespace, name: name, owner: "stu", reg: reg,
+		metrics: controller.NewMetrics(promReg), recorder: recorder, pod: podRef(), behind: &behind}
+	if k.Behind() == nil {
+		t.Error("Behind before the first check: nil, want an error (not compared yet)")
+	}
+	check := func(wantBehind bool) {
+		t.Helper()
+		if err := k.check(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := k.Behind(); (err != nil) != wantBehind {
+			t.Fatalf("Behind: %v, want behind %v", err, wantBehind)
+		}
+		want := map[bool]float64{false: 0, true: 1}[wantBehind]
+		if got := gauge(t, promReg, "student_controller_registry_behind"); got != want {
+			t.Errorf("student_controller_registry_behind %v, want %v", got, want)
+		}
+	}
+	data := func() map[string]string {
+		t.Helper()
+		cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cm.Data
+	}
+	check(false)
+	check(false)
+	check(false)
+	if got := data(); got["owner"] != "stu" || got["mark"] != "3" || got["behind"] != "" {
+		t.Fatalf("the ConfigMap after three checks: %v; want owner stu, mark 3", got)
+	}
+	if err := registryBehind(ctx, client, opts, reg); err != nil {
+		t.Errorf("prune's check while the registry is level: %v", err)
+	}
+
+	// An older backup put back: the registry's mark is 1 again.
+	if _, err := db.Exec(`UPDATE fences SET mark = 1 WHERE owner = 'stu'`); err != nil {
+		t.Fatal(err)
+	}
+	check(true)
+	if err := k.Behind(); !strings.Contains(err.Error(), "mark is 1, below the 3") || !strings.Contains(err.Error(), AnnotationBehindConfirmed+"=3") {
+		t.Errorf("Behind says %q; want both marks and the command that confirms", err)
+	}
+	if events := drain(recorder); len(events) != 1 || !strings.HasPrefix(events[0], "Warning RegistryBehind") {
+		t.Errorf("Events: %q, want one RegistryBehind", events)
+	}
+	// Its mark climbs past the cluster's: it stays behind, once said.
+	check(true)
+	check(true)
+	check(true)
+	if events := drain(recorder); len(events) != 0 {
+		t.Errorf("Events on later checks: %q, want none", events)
+	}
+	if got := data(); got["mark"] != "3" || got["behind"] != "1" {
+		t.Errorf("the ConfigMap while behind: %v; want mark 3, behind 1", got)
+	}
+	if err := registryBehind(ctx, client, opts, reg); err == nil || !strings.Contains(err.Error(), "mark is 1, below the 3") {
+		t.Errorf("prune's check while behind: %v; want a refusal naming both marks", err)
+	}
+
+	// A confirmation for another mark does nothing; the right one clears it.
+	annotate := func(value string) {
+		t.Helper()
+		cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm.Annotations = map[string]string{AnnotationBehindConfirmed: value}
+		if _, err := client.CoreV1().ConfigMaps(namespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	annotate("2")
+	check(true)
+	annotate("3")
+	if err := registryBehind(ctx, client, opts, reg); err != nil {
+		t.Errorf("prune's check once confirmed: %v", err)
+	}
+	check(false)
+	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Data["behind"] != "" || cm.Data["mark"] != "7" || cm.Annotations[AnnotationBehindConfirmed] != "" {
+		t.Errorf("the ConfigMap once confirmed: %v %v; want mark 7, no behind, no annotation", cm.Data, cm.Annotations)
+	}
+	if events := drain(recorder); len(events) != 1 || !strings.HasPrefix(events[0], "Normal RegistryBehindConfirmed") {
+		t.Errorf("Events: %q, want one RegistryBehindConfirmed", events)
+	}
+
+	// A ConfigMap of another owner is this owner's from now on, not a mark to be
+	// behind of.
+	other := &markKeeper{client: client, namespace: namespace, name: name, owner: "other", reg: reg,
+		metrics: controller.NewMetrics(nil), recorder: recorder, behind: new(atomic.Pointer[string])}
+	if err := other.check(ctx); err != nil || other.Behind() != nil {
+		t.Errorf("another owner's first check: %v, %v", err, other.Behind())
+	}
+}
+
+func podRef() *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Pod", Namespace: "system", Name: "student-controller-0"}
+}
+
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+func drain(r *record.FakeRecorder) []string {
+	var events []string
+	for {
+		select {
+		case e := <-r.Events:
+			events = append(events, e)
+		default:
+			return events
+		}
+	}
+}
