@@ -82,7 +82,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 		return 1, err
 	}
 	for _, s := range all {
-		in.Students[s.Namespace+"/"+s.Name] = controller.ClusterStudent{UID: string(s.UID),
+		in.Students[s.Namespace+"/"+s.Name] = controller.ClusterStudent{UID: string(s.UID), RowUID: controller.RowUID(s),
 			AdoptedFrom: s.Annotations[controller.AnnotationAdoptedFrom], Paused: s.Annotations[studentv1.AnnotationPaused] == "true"}
 	}
 	namespaces, err := kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
@@ -187,7 +187,7 @@ func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row r
 	} else {
 		s = &studentv1.Student{
 			ObjectMeta: metav1.ObjectMeta{Namespace: act.Namespace, Name: act.Name, Annotations: map[string]string{
-				controller.AnnotationAdoptedFrom: row.UID, studentv1.AnnotationPaused: "true"}},
+				controller.AnnotationAdoptedFrom: row.UID, studentv1.AnnotationPaused: "true", studentv1.AnnotationRowUID: row.UID}},
 			Spec: controller.AdoptedSpec(row),
 		}
 		created, err := a.students.BolingcavalryV1().Students(act.Namespace).Create(ctx, s, metav1.CreateOptions{})

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
@@ -119,5 +120,5 @@ func studentThere(ctx context.Context, client versioned.Interface, row registry.
 	case err != nil:
 		return false, fmt.Errorf("ask whether Student %s/%s is there: %w", row.Namespace, row.Name, err)
 	}
-	return string(s.UID) == row.UID, nil
+	return controller.RowUID(s) == row.UID, nil
 }

@@ -34,7 +34,7 @@ func TestRegistryCommandsKeepTheSchema(t *testing.T) {
 	}
 	defer db.Close()
 	// The schema before the history (migrations 4 and 5).
-	if _, err := db.Exec(`DROP TABLE student_history; ALTER TABLE fences DROP COLUMN holder; ALTER TABLE fences DROP COLUMN expires_at; ALTER TABLE fences DROP COLUMN mark; DELETE FROM schema_migrations WHERE version >= 4`); err != nil {
+	if _, err := db.Exec(`DROP TABLE student_history; ALTER TABLE fences DROP COLUMN holder; ALTER TABLE fences DROP COLUMN expires_at; ALTER TABLE fences DROP COLUMN mark; ALTER TABLE students DROP COLUMN student_uid; DELETE FROM schema_migrations WHERE version >= 4`); err != nil {
 		t.Fatal(err)
 	}
 	state := func() (version int, owner string) {

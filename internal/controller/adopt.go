@@ -27,6 +27,9 @@ const AnnotationAdoptedFrom = "bolingcavalry.k8s.io/adopted-from"
 // ClusterStudent is what an adoption plan needs of a Student of the cluster.
 type ClusterStudent struct {
 	UID string
+	// RowUID is the uid of the Student's row: its row-uid annotation, or its own uid
+	// (RowUID).
+	RowUID string
 	// AdoptedFrom is the Student's AnnotationAdoptedFrom, and Paused whether it is
 	// paused: both, and adopt's run was cut short before the Student was let go.
 	AdoptedFrom string
@@ -68,17 +71,13 @@ func (p AdoptionPlan) Changes() int { return changes(p.Actions) }
 // as ComputePlan is of a plan's.
 func PlanAdoption(in AdoptInput) AdoptionPlan {
 	plan := AdoptionPlan{Rows: len(in.Rows), Bound: in.Max}
-	byUID := make(map[string]string, len(in.Students)) // uid -> namespace/name
-	for key, s := range in.Students {
-		byUID[s.UID] = key
-	}
 	// Two rows or more that name one Student (one deleted with Orphan, made again and
 	// deleted again): which is the Student is the operator's call.
 	type decision struct{ action, cause string }
 	decisions := make([]decision, len(in.Rows))
 	names := map[string]int{}
 	for i, row := range in.Rows {
-		decisions[i].action, decisions[i].cause = adoption(row, in, byUID)
+		decisions[i].action, decisions[i].cause = adoption(row, in)
 		if decisions[i].action == PlanAdopt {
 			names[row.Namespace+"/"+row.Name]++
 		}
@@ -127,11 +126,13 @@ func PlanAdoption(in AdoptInput) AdoptionPlan {
 }
 
 // adoption is the decision for one row: "" when its Student is there (nothing to do),
-// or an action and why.
-func adoption(row registry.Record, in AdoptInput, byUID map[string]string) (string, string) {
+// or an action and why. A row's Student is the one of the namespace and name the row
+// records, whose row it is: a row's key is unique in its registry alone (another
+// system's keys), not in the cluster.
+func adoption(row registry.Record, in AdoptInput) (string, string) {
 	key := row.Namespace + "/" + row.Name
-	if at, ok := byUID[row.UID]; ok {
-		if s := in.Students[at]; s.AdoptedFrom != "" && s.Paused {
+	if s, ok := in.Students[key]; ok && s.RowUID == row.UID && (row.StudentUID == s.UID || row.StudentUID == "" && row.UID == s.UID) {
+		if s.AdoptedFrom != "" && s.Paused {
 			return PlanFinish, "adopted by a run that was cut short: let its Student go"
 		}
 		return "", ""

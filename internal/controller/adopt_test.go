@@ -35,12 +35,15 @@ func TestPlanAdoption(t *testing.T) {
 			row("u11", "school", "finished", owner),     // bound, its Student still paused
 			row("r12", "school", "twice", "", released), // two rows name one Student
 			row("r13", "school", "twice", "", released),
+			// adopted: its key kept, bound to its Student's uid, which names it
+			row("r14", "school", "kept-key", owner, func(r *registry.Record) { r.StudentUID = "u14" }),
 		},
 		Students: map[string]ClusterStudent{
-			"school/live":     {UID: "r5"},
-			"school/taken":    {UID: "u-taken"},
-			"school/resumed":  {UID: "u-resumed", AdoptedFrom: "r7", Paused: true},
-			"school/finished": {UID: "u11", AdoptedFrom: "r11", Paused: true},
+			"school/live":     {UID: "r5", RowUID: "r5"},
+			"school/taken":    {UID: "u-taken", RowUID: "u-taken"},
+			"school/resumed":  {UID: "u-resumed", RowUID: "r7", AdoptedFrom: "r7", Paused: true}, // r7 not bound yet
+			"school/finished": {UID: "u11", RowUID: "u11", AdoptedFrom: "r11", Paused: true},
+			"school/kept-key": {UID: "u14", RowUID: "r14"},
 		},
 		Namespaces: map[string]bool{"school": true},
 		Max:        10,
@@ -57,8 +60,8 @@ func TestPlanAdoption(t *testing.T) {
 	if diff := cmp.Diff(want, actions); diff != "" {
 		t.Errorf("actions (-want +got):\n%s\n%+v", diff, got.Actions)
 	}
-	if got.WithStudent != 1 || got.Rows != len(in.Rows) || got.Changes() != 5 {
-		t.Errorf("plan: %d with their Student, %d rows, %d changes; want 1, %d, 5", got.WithStudent, got.Rows, got.Changes(), len(in.Rows))
+	if got.WithStudent != 2 || got.Rows != len(in.Rows) || got.Changes() != 5 {
+		t.Errorf("plan: %d with their Student, %d rows, %d changes; want 2, %d, 5", got.WithStudent, got.Rows, got.Changes(), len(in.Rows))
 	}
 
 	in.CreateNamespaces = true

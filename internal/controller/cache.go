@@ -81,6 +81,7 @@ type rareFields struct {
 	deletionTimestamp      *metav1.Time
 	finalizers             []string
 	reconcileRequestedAt   string
+	rowUID                 string // the row-uid annotation, where it is not the uid
 	lastHandledReconcileAt string
 	conditions             []metav1.Condition // more than a conditionSet holds
 }
@@ -164,6 +165,9 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 		c.flags |= cachedPaused
 	}
 	rare.reconcileRequestedAt = s.Annotations[studentv1.AnnotationReconcileRequestedAt]
+	if row := s.Annotations[studentv1.AnnotationRowUID]; row != "" && row != string(s.UID) {
+		rare.rowUID = row
+	}
 	rare.lastHandledReconcileAt = s.Status.LastHandledReconcileAt
 
 	switch conds := s.Status.Conditions; {
@@ -182,7 +186,7 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 		c.registry = unique.Make(facts)
 	}
 	if rare.deletionPolicy != "" || rare.management != "" || rare.uid != "" || rare.resourceVersion != "" || rare.deletionTimestamp != nil || rare.finalizers != nil ||
-		rare.reconcileRequestedAt != "" || rare.lastHandledReconcileAt != "" || rare.conditions != nil {
+		rare.reconcileRequestedAt != "" || rare.rowUID != "" || rare.lastHandledReconcileAt != "" || rare.conditions != nil {
 		c.rare = &rare
 	}
 	return c
@@ -224,6 +228,12 @@ func (c *cachedStudent) student() *studentv1.Student {
 				s.Annotations = map[string]string{}
 			}
 			s.Annotations[studentv1.AnnotationReconcileRequestedAt] = r.reconcileRequestedAt
+		}
+		if r.rowUID != "" {
+			if s.Annotations == nil {
+				s.Annotations = map[string]string{}
+			}
+			s.Annotations[studentv1.AnnotationRowUID] = r.rowUID
 		}
 		s.Status.LastHandledReconcileAt = r.lastHandledReconcileAt
 		if r.conditions != nil {
@@ -271,7 +281,16 @@ func (c *cachedStudent) deleting() bool { return c.rareField().deletionTimestamp
 
 // record is the registry row that the Student should have, written by owner.
 func (c *cachedStudent) record(owner string) registry.Record {
-	return newRecord(owner, c.uidValue(), c.namespace(), c.name(), c.generation, c.spec())
+	return newRecord(owner, c.rowUID(), c.uidValue(), c.namespace(), c.name(), c.generation, c.spec())
+}
+
+// rowUID is the uid of the Student's registry row: its row-uid annotation, or its own
+// uid (RowUID says the same of a Student).
+func (c *cachedStudent) rowUID() string {
+	if row := c.rareField().rowUID; row != "" {
+		return row
+	}
+	return string(c.uidValue())
 }
 
 // spec is the Student's spec.

@@ -60,7 +60,7 @@ func drift(row registry.Record, found, malformed bool, namespace, name string, s
 // this controller managed until now is marked observed, so that no path that finds it
 // without its Student (the sweep after a deletion) lets it go.
 func (c *Controller) observe(ctx context.Context, s *studentv1.Student) error {
-	row, err := c.rows.Get(ctx, string(s.UID))
+	row, err := c.rows.Get(ctx, RowUID(s))
 	found, malformed := err == nil, errors.Is(err, registry.ErrMalformed)
 	if err != nil && !malformed && !errors.Is(err, registry.ErrNotFound) {
 		return c.registryFailed(ctx, s, err)
@@ -108,7 +108,7 @@ func (c *Controller) reportObserved(ctx context.Context, s *studentv1.Student, d
 // observed, so that the sweep leaves it too. A row of another owner, or none, is left
 // alone.
 func (c *Controller) finalizeObserved(ctx context.Context, s *studentv1.Student) error {
-	row, err := c.rows.Get(ctx, string(s.UID))
+	row, err := c.rows.Get(ctx, RowUID(s))
 	switch {
 	case errors.Is(err, registry.ErrNotFound), errors.Is(err, registry.ErrMalformed):
 		// None, or one the schema's checks would refuse to mark: the sweep skips

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"slices"
 
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -118,11 +116,12 @@ func ComputePlan(in PlanInput) Plan {
 	add := func(s *studentv1.Student, action, cause string) {
 		plan.Actions = append(plan.Actions, PlannedAction{Action: action, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Cause: cause})
 	}
-	seen := make(map[types.UID]bool, len(in.Students))
+	seen := make(map[string]bool, len(in.Students))
 	for _, s := range in.Students {
-		seen[s.UID] = true
-		row, mine := owned[string(s.UID)]
-		other, theirs := in.Others[string(s.UID)]
+		key := RowUID(s)
+		seen[key] = true
+		row, mine := owned[key]
+		other, theirs := in.Others[key]
 		finalizing := s.DeletionTimestamp != nil && slices.Contains(s.Finalizers, Finalizer)
 		switch {
 		case paused(s) && (s.DeletionTimestamp == nil || finalizing):
@@ -131,7 +130,7 @@ func ComputePlan(in PlanInput) Plan {
 			if !finalizing {
 				continue // not this controller's to let go
 			}
-			held := mine || malformed[string(s.UID)] // a row it cannot read goes too
+			held := mine || malformed[key] // a row it cannot read goes too
 			switch {
 			case observed(s.Spec):
 				if mine && row.Management != registry.ManagementObserve {
@@ -162,7 +161,7 @@ func ComputePlan(in PlanInput) Plan {
 			if mine && row.Management != registry.ManagementObserve {
 				add(s, PlanUpdate, planMarkObserved)
 			}
-			if d := drift(stored, found, malformed[string(s.UID)], s.Namespace, s.Name, s.Spec); d != "" {
+			if d := drift(stored, found, malformed[key], s.Namespace, s.Name, s.Spec); d != "" {
 				add(s, PlanDrifted, d)
 			}
 		case !slices.Contains(s.Finalizers, Finalizer):
@@ -195,7 +194,7 @@ func ComputePlan(in PlanInput) Plan {
 
 	var orphans []registry.Record
 	for _, r := range in.Rows {
-		if sweep, _, _ := withoutStudent(r, in.Owner); !seen[types.UID(r.UID)] && sweep != "" {
+		if sweep, _, _ := withoutStudent(r, in.Owner); !seen[r.UID] && sweep != "" {
 			orphans = append(orphans, r)
 		}
 	}
@@ -216,7 +215,7 @@ func ComputePlan(in PlanInput) Plan {
 		plan.Actions = append(plan.Actions, a)
 	}
 	for _, r := range in.Released {
-		if !seen[types.UID(r.UID)] && registry.Prunable(r, in.Owner) {
+		if !seen[r.UID] && registry.Prunable(r, in.Owner) {
 			plan.Prunable++
 			plan.Actions = append(plan.Actions, PlannedAction{Action: PlanPrunable, Namespace: r.Namespace, Name: r.Name, UID: r.UID,
 				Cause: "released without its Student (" + r.ReleaseCause + ") while its policy was Delete: student-controller registry prune deletes it"})
@@ -307,17 +306,18 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 	}
 	in.Released = scope.Scope.rowsIn(released)
 	for _, s := range students {
-		if held[string(s.UID)] {
+		key := RowUID(s)
+		if held[key] {
 			continue
 		}
-		row, err := rows.Get(ctx, string(s.UID))
+		row, err := rows.Get(ctx, key)
 		switch {
 		case errors.Is(err, registry.ErrNotFound):
 			// Missing: created, or restored.
 		case errors.Is(err, registry.ErrMalformed):
 			// Unreadable and not the owner's (List has the owner's): the upsert is
 			// refused, as for any row of another owner.
-			in.Others[string(s.UID)] = registry.Record{UID: string(s.UID), Owner: "(unreadable)"}
+			in.Others[key] = registry.Record{UID: key, Owner: "(unreadable)"}
 		case err != nil:
 			return Plan{}, err
 		default:
@@ -331,13 +331,13 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 // outside the label selector.
 func withoutOutOfScope(ctx context.Context, rows []registry.Record, students []*studentv1.Student,
 	exists func(context.Context, registry.Record) (bool, error)) ([]registry.Record, error) {
-	given := make(map[types.UID]bool, len(students))
+	given := make(map[string]bool, len(students))
 	for _, s := range students {
-		given[s.UID] = true
+		given[RowUID(s)] = true
 	}
 	kept := rows[:0]
 	for _, r := range rows {
-		if !given[types.UID(r.UID)] {
+		if !given[r.UID] {
 			live, err := exists(ctx, r)
 			if err != nil {
 				return nil, err

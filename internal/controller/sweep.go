@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/types"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 
 	"github.com/student-controller/student-controller/internal/registry"
@@ -43,21 +43,20 @@ func withoutStudent(row registry.Record, owner string) (sweep string, adoptable 
 // when its row drifted (its sync reports it, and writes nothing); an observed row
 // without its Student is no orphan: nothing lets it go.
 func planSweep(owner string, rows []registry.Record, students []*cachedStudent) sweepPlan {
-	uids := make([]types.UID, len(students))
-	byUID := make(map[types.UID]*cachedStudent, len(students))
+	uids := make([]string, len(students))
+	byUID := make(map[string]*cachedStudent, len(students))
 	for i, s := range students {
-		uids[i] = s.uidValue()
+		uids[i] = s.rowUID()
 		byUID[uids[i]] = s
 	}
 	var plan sweepPlan
-	seen := make(map[types.UID]bool, len(rows))
+	seen := make(map[string]bool, len(rows))
 	for _, row := range rows {
 		if row.Owner != owner {
 			continue // never another's
 		}
-		uid := types.UID(row.UID)
-		seen[uid] = true
-		s, ok := byUID[uid]
+		seen[row.UID] = true
+		s, ok := byUID[row.UID]
 		switch {
 		case !ok:
 			if sweep, _, _ := withoutStudent(row, owner); sweep != "" {
@@ -249,13 +248,17 @@ func (c *Controller) withoutLive(ctx context.Context, orphans []registry.Record,
 }
 
 // studentExists asks the API server whether the Student of a row exists: by the
-// namespace and name the row records, with the row's UID.
+// namespace and name the row records, a Student whose row it is (its uid, or the
+// row-uid it names).
 func (c *Controller) studentExists(ctx context.Context, row registry.Record) (bool, error) {
-	live, err := c.liveStudent(ctx, row.Namespace, row.Name, types.UID(row.UID))
-	if err != nil {
+	live, err := c.getStudent(ctx, row.Namespace, row.Name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
 		return false, fmt.Errorf("sweep: confirm that Student %s/%s is gone: %w", row.Namespace, row.Name, err)
 	}
-	return live != nil, nil
+	return RowUID(live) == row.UID, nil
 }
 
 // reportMalformed logs each unreadable row once, when a sweep first finds it.

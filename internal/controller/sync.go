@@ -29,6 +29,7 @@ const (
 	EventRowRestored       = "RowRestored"
 	EventRegistryError     = "RegistryError"
 	EventRowOwnedElsewhere = "RowOwnedElsewhere"
+	EventRowNotBound       = "RowNotBound"
 	EventInvalidSpec       = "InvalidSpec"
 	EventSweepRefused      = "SweepRefused"
 	EventRegistryAhead     = "RegistryAhead"
@@ -76,6 +77,11 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 func (c *Controller) reconcile(ctx context.Context, s *studentv1.Student) error {
 	if problem := s.Spec.Validate(); problem != "" {
 		return c.refuseSpec(ctx, s, problem)
+	}
+	if problem, err := c.rowNotBound(ctx, s); err != nil {
+		return c.registryFailed(ctx, s, err)
+	} else if problem != "" {
+		return c.refuseUnbound(ctx, s, problem)
 	}
 	if observed(s.Spec) {
 		return c.observe(ctx, s)
@@ -340,7 +346,7 @@ func (c *Controller) observeLetGo(outcome registry.Outcome, absent bool) {
 // It is released, since absence destroys nothing (registry prune deletes it, when
 // asked, if its policy is Delete). A row already released stays.
 func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
-	outcome, err := c.write.relinquish(ctx, string(s.UID), c.cfg.Owner, registry.CauseStaleCache)
+	outcome, err := c.write.relinquish(ctx, RowUID(s), c.cfg.Owner, registry.CauseStaleCache)
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
@@ -359,8 +365,15 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 		return nil
 	}
 	logger := klog.FromContext(ctx)
+	if problem, err := c.rowNotBound(ctx, s); err != nil {
+		return c.registryFailed(ctx, s, err)
+	} else if problem != "" {
+		// The row is another Student's, or nobody's: not this one's to let go.
+		c.write.warn(s, EventRowNotBound, "Registry row left alone: "+problem)
+		return c.removeFinalizer(ctx, s)
+	}
 
-	uid := string(s.UID)
+	uid := RowUID(s)
 	var done bool
 	var err error
 	var outcome registry.Outcome
@@ -510,14 +523,19 @@ func (c *Controller) ownedElsewhere(ctx context.Context, s *studentv1.Student, c
 
 // recordOf is the registry row that a Student should have, written by owner.
 func recordOf(owner string, s *studentv1.Student) registry.Record {
-	return newRecord(owner, s.UID, s.Namespace, s.Name, s.Generation, s.Spec)
+	return newRecord(owner, RowUID(s), s.UID, s.Namespace, s.Name, s.Generation, s.Spec)
 }
 
-// newRecord is the registry row of the Student namespace/name of uid, generation and
-// spec, written by owner.
-func newRecord(owner string, uid types.UID, namespace, name string, generation int64, spec studentv1.StudentSpec) registry.Record {
+// newRecord is the registry row of key row of the Student namespace/name of uid,
+// generation and spec, written by owner.
+func newRecord(owner, row string, uid types.UID, namespace, name string, generation int64, spec studentv1.StudentSpec) registry.Record {
+	studentUID := ""
+	if row != string(uid) {
+		studentUID = string(uid)
+	}
 	return registry.Record{
-		UID:            string(uid),
+		UID:            row,
+		StudentUID:     studentUID,
 		Namespace:      namespace,
 		Name:           name,
 		StudentName:    spec.Name,

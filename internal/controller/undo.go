@@ -116,7 +116,7 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 // says so (RowDeleted) and nothing is written. A row missing for any other reason
 // (deleted by hand, a backup without it) is restored as before: nil, nil.
 func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) (*registry.HistoryEntry, error) {
-	last, ok, err := c.rows.LastHistory(ctx, s.Namespace, s.Name, string(s.UID))
+	last, ok, err := c.rows.LastHistory(ctx, s.Namespace, s.Name, RowUID(s))
 	switch {
 	case err != nil:
 		return nil, c.registryFailed(ctx, s, err)

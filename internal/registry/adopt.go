@@ -10,11 +10,13 @@ import (
 )
 
 // adoptSQL binds a row to its new Student and owner ($2, $5): released rows, rows
-// another system inserted (no owner) and the owner's own. The row becomes observed;
-// the student's record (names, school, created_at, updated_at) stays as it was.
+// another system inserted (no owner) and the owner's own. The row keeps its uid, the
+// key that system writes it by, and records its Student's in student_uid (NULL when
+// they are the same); it becomes observed. The student's record (names, school,
+// created_at, updated_at) stays as it was.
 const adoptSQL = `
-	UPDATE students SET uid = $2, namespace = $3, name = $4, owner = $5, generation = $6, deletion_policy = $7,
-		released_at = NULL, released_by = NULL, release_cause = NULL, management = 'Observe'
+	UPDATE students SET student_uid = CASE WHEN uid = $2 THEN NULL ELSE $2 END, namespace = $3, name = $4, owner = $5,
+		generation = $6, deletion_policy = $7, released_at = NULL, released_by = NULL, release_cause = NULL, management = 'Observe'
 	WHERE uid = $1 AND (owner IS NULL OR owner = $5)` + returned
 
 // ListAll returns every readable row of the registry, whatever its owner, by
@@ -32,17 +34,18 @@ func (r *Registry) ListAll(ctx context.Context) ([]Record, []MalformedRow, error
 
 // Adopt binds the row of uid from to the Student rec names (rec.UID, its namespace
 // and name), owned by rec.Owner, at rec.Generation and rec.DeletionPolicy, and marks it
-// observed, in one transaction with a history row (ActionAdopted, CauseAdopted). Only
-// a released row, one with no owner (another system's) or rec.Owner's own is bound;
-// another owner's is ErrNotOwned, a missing one ErrNotFound. The student's record in
-// it is not changed.
+// observed, in one transaction with a history row (ActionAdopted, CauseAdopted). The
+// row keeps its uid (from): the Student's goes into student_uid, and the Student
+// names the row by its row-uid annotation. Only a released row, one with no owner
+// (another system's) or rec.Owner's own is bound; another owner's is ErrNotOwned, a
+// missing one ErrNotFound. The student's record in it is not changed.
 func (r *Registry) Adopt(ctx context.Context, from string, rec Record) error {
 	if err := requireKey("adopt", rec); err != nil {
 		return err
 	}
 	var n int64
 	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
-		e := entry{uid: rec.UID, action: ActionAdopted, owner: rec.Owner, cause: CauseAdopted}
+		e := entry{uid: from, action: ActionAdopted, owner: rec.Owner, cause: CauseAdopted}
 		bound, err := scanReturned(in(r.adopt).QueryRowContext(ctx, from, rec.UID, rec.Namespace, rec.Name, rec.Owner,
 			rec.Generation, policyValue(rec.DeletionPolicy)), &e)
 		if !bound {

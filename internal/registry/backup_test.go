@@ -104,7 +104,7 @@ func TestSchemaLeftAlone(t *testing.T) {
 	url, db := registrytest.SQLiteBackend().New(t)
 	open(t, url, newFakeClock()).Close()
 	// The schema of the version before the history (migration 4).
-	if _, err := db.Exec(`DROP TABLE student_history; ALTER TABLE fences DROP COLUMN holder; ALTER TABLE fences DROP COLUMN expires_at; ALTER TABLE fences DROP COLUMN mark; DELETE FROM schema_migrations WHERE version >= 4`); err != nil {
+	if _, err := db.Exec(`DROP TABLE student_history; ALTER TABLE fences DROP COLUMN holder; ALTER TABLE fences DROP COLUMN expires_at; ALTER TABLE fences DROP COLUMN mark; ALTER TABLE students DROP COLUMN student_uid; DELETE FROM schema_migrations WHERE version >= 4`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := registry.Open(ctx, url, registry.Options{KeepSchema: true}); !errors.Is(err, registry.ErrSchemaOlder) {

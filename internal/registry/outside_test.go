@@ -151,7 +151,7 @@ func TestSQLiteShellReadsTimes(t *testing.T) {
 		"u2|2026-11-29 08:00:03|2026-11-29 08:00:04|2026-11-29 08:00:04|1.0",
 		// Kept as it was: the registry reports it and does not read it.
 		"u3||2026-11-29 08:00:05|-|",
-		"1|1", "2|1", "3|1", "4|1", "5|1", "6|1", "7|1", "8|1", "9|1",
+		"1|1", "2|1", "3|1", "4|1", "5|1", "6|1", "7|1", "8|1", "9|1", "10|1",
 		// Its history row, stamped as the row was, in the same form.
 		"u4|updated|1|2.0",
 	}, "\n")
@@ -189,7 +189,7 @@ func TestPostgresShellReadsMigratedTimes(t *testing.T) {
 	want := strings.Join([]string{
 		"u1|2026-11-29 08:00:01|1.000000",
 		"u2|2026-11-29 08:00:02|0.000000",
-		"1|t", "2|t", "3|t", "4|t", "5|t", "6|t", "7|t", "8|t", "9|t",
+		"1|t", "2|t", "3|t", "4|t", "5|t", "6|t", "7|t", "8|t", "9|t", "10|t",
 		"u2|updated|2.000000",
 	}, "\n")
 	if diff := cmp.Diff(want, got); diff != "" {

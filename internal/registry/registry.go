@@ -98,6 +98,11 @@ type Record struct {
 	// the registry recorded them.
 	ReleasedBy   string
 	ReleaseCause string
+	// StudentUID is the uid of the Student bound to the row when the row's key is not
+	// its Student's (a row adopt bound, which keeps the key another system wrote it
+	// by); empty otherwise. Insert and Upsert write it on a new row; a write to a row
+	// there keeps the binding it has.
+	StudentUID string
 }
 
 // Options tune a Registry. The zero value is ready to use.
@@ -201,7 +206,7 @@ type Registry struct {
 	transactions atomic.Int64
 }
 
-const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy, management, released_by, release_cause`
+const columns = `uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, released_at, deletion_policy, management, released_by, release_cause, student_uid`
 
 // Statements of the hot path. $n placeholders: PostgreSQL's, and SQLite takes them too.
 // Writes set every column the schema checks, so that they also repair a row written
@@ -211,10 +216,11 @@ const columns = `uid, namespace, name, student_name, school, owner, generation, 
 // the row holds changes nothing.
 const (
 	getSQL = `SELECT ` + columns + ` FROM students WHERE uid = $1`
-	// The row that Insert and Upsert write, with rowValues' values.
+	// The row that Insert and Upsert write, with rowValues' values and the Student's
+	// uid where it is not the row's ($10). A write to a row there keeps its binding.
 	newRowSQL = `
-		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)`
+		INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy, student_uid)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9, $10)`
 	// Insert's: a row already there, of whatever owner or state, is left alone.
 	insertSQL = newRowSQL + `
 		ON CONFLICT (uid) DO NOTHING
@@ -472,8 +478,8 @@ func (r *Registry) Ping(ctx context.Context) error { return r.db.PingContext(ctx
 // that a row another system wrote past the schema is an ErrMalformed naming its uid,
 // not a failed query.
 func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
-	var v [14]any
-	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13]); err != nil {
+	var v [15]any
+	if err := row.Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14]); err != nil {
 		return Record{}, err
 	}
 	var d decoder
@@ -492,6 +498,7 @@ func scanRecord(row interface{ Scan(...any) error }) (Record, error) {
 		Management:     d.management(v[11]),
 		ReleasedBy:     d.optionalText(v[12], "released_by"),
 		ReleaseCause:   d.optionalText(v[13], "release_cause"),
+		StudentUID:     d.optionalText(v[14], "student_uid"),
 	}
 	if len(d.problems) > 0 {
 		return Record{}, &malformedError{row: MalformedRow{UID: rec.UID, Problem: strings.Join(d.problems, "; ")}}
@@ -663,7 +670,7 @@ func (r *Registry) Insert(ctx context.Context, rec Record, cause string) (Record
 	err := r.write(ctx, now, func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		// No row returned: one was there. As an error, it ends the write like any
 		// other that fails: rolled back, with no fence check or commit of its own.
-		if err := in(r.insert).QueryRowContext(ctx, rowValues(rec, now)...).Scan(&created, &updated); err != nil {
+		if err := in(r.insert).QueryRowContext(ctx, append(rowValues(rec, now), optional(rec.StudentUID))...).Scan(&created, &updated); err != nil {
 			return nil, err
 		}
 		return []entry{entryOf(rec, ActionCreated, cause)}, nil
@@ -699,7 +706,7 @@ func (r *Registry) Upsert(ctx context.Context, rec Record, why Why) (Record, err
 				return nil, fmt.Errorf("keep the observed row in the history: %w", err)
 			}
 		}
-		err := in(r.upsert).QueryRowContext(ctx, rowValues(rec, now)...).Scan(&created, &updated)
+		err := in(r.upsert).QueryRowContext(ctx, append(rowValues(rec, now), optional(rec.StudentUID))...).Scan(&created, &updated)
 		if err != nil {
 			return nil, err
 		}
@@ -766,6 +773,14 @@ func requireKey(op string, rec Record) error {
 // statements' order.
 func rowValues(rec Record, now time.Time) []any {
 	return []any{rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School, rec.Owner, rec.Generation, now, policyValue(rec.DeletionPolicy)}
+}
+
+// optional is s, or NULL when it is empty.
+func optional(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 // asStored is rec as Insert or Upsert stored it, with the times its statement returned.

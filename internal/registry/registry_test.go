@@ -671,16 +671,18 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 			if err := r.Adopt(ctx, from, to); err != nil {
 				t.Fatalf("Adopt %s: %v", from, err)
 			}
-			got, err := r.Get(ctx, to.UID)
+			// The row keeps its key, the one another system writes it by, and records
+			// its Student's uid.
+			got, err := r.Get(ctx, from)
 			if err != nil || got.Owner != "ctl" || got.Generation != 1 || got.Management != registry.ManagementObserve || !got.ReleasedAt.IsZero() ||
-				got.DeletionPolicy != registry.PolicyOrphan || got.Name != to.Name {
+				got.DeletionPolicy != registry.PolicyOrphan || got.Name != to.Name || got.StudentUID != to.UID {
 				t.Errorf("row of %s after Adopt: %+v, %v", from, got, err)
 			}
-			if _, err := r.Get(ctx, from); !errors.Is(err, registry.ErrNotFound) {
-				t.Errorf("the old uid %s is still there: %v", from, err)
+			if _, err := r.Get(ctx, to.UID); !errors.Is(err, registry.ErrNotFound) {
+				t.Errorf("a row of the Student's uid %s: %v, want none", to.UID, err)
 			}
 			h, err := r.History(ctx, "default", to.Name)
-			if err != nil || len(h) == 0 || h[len(h)-1].Action != registry.ActionAdopted || h[len(h)-1].UID != to.UID {
+			if err != nil || len(h) == 0 || h[len(h)-1].Action != registry.ActionAdopted || h[len(h)-1].UID != from {
 				t.Errorf("history of %s: %+v, %v; want it adopted last", from, h, err)
 			}
 		}

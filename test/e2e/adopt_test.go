@@ -22,11 +22,12 @@ import (
 )
 
 // TestAdopt: a registry of 200 rows and no Students. adopt --dry-run lists 200 and
-// changes nothing; adopt makes 200 observed Students and binds their rows (200 history
-// rows adopted); a second run adopts nothing; the controller reports them Ready and
-// writes nothing, its sweep deletes nothing; drift made by SQL on 10 rows shows 10
-// Drifted and no write; switching those 10 to Manage writes exactly their rows; an
-// observed Orphan Student deleted keeps its row.
+// changes nothing; adopt makes 200 observed Students and binds their rows, which keep
+// their keys (200 history rows adopted); a second run adopts nothing; the controller
+// reports them Ready and writes nothing, its sweep deletes nothing; the other system
+// updating 10 of its rows by its own keys shows 10 Drifted and no write; switching
+// those 10 to Manage writes exactly their rows; an observed Orphan Student deleted
+// keeps its row.
 func TestAdopt(t *testing.T) {
 	t.Parallel()
 	registrytest.ForEach(t, pg, testAdopt)
@@ -115,19 +116,26 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	uids := map[string]studentv1.Student{}
+	// Each row keeps its key, the one the system that wrote it uses; the Student names
+	// it (row-uid), and the row records the Student's uid.
+	if len(list.Items) != 200 {
+		t.Fatalf("%d Students, want 200", len(list.Items))
+	}
+	keys := map[string]studentv1.Student{}
 	for _, s := range list.Items {
 		if s.Spec.Management != studentv1.ManagementObserve || s.Annotations[studentv1.AnnotationPaused] != "" {
 			t.Errorf("Student %s: management %q, annotations %v; want Observe, not paused", s.Name, s.Spec.Management, s.Annotations)
 		}
-		uids[string(s.UID)] = s
+		keys[s.Annotations[studentv1.AnnotationRowUID]] = s
 	}
-	if len(uids) != 200 {
-		t.Fatalf("%d Students, want 200", len(uids))
-	}
-	for uid, r := range rowsOf(t, db) {
-		if s, ok := uids[uid]; !ok || r.Owner != owner || r.Name != s.Name {
-			t.Errorf("row %s (%s, owner %q) is not bound to its Student", uid, r.Name, r.Owner)
+	for key, r := range rowsOf(t, db) {
+		s, ok := keys[key]
+		if !ok || r.Owner != owner || r.Name != s.Name {
+			t.Errorf("row %s (%s, owner %q) is not bound to its Student", key, r.Name, r.Owner)
+			continue
+		}
+		if n := count(`SELECT count(*) FROM students WHERE uid = $1 AND student_uid = $2`, key, string(s.UID)); n != 1 {
+			t.Errorf("row %s does not record its Student's uid %s", key, s.UID)
 		}
 	}
 	if n := count(`SELECT count(*) FROM student_history WHERE action = 'adopted'`); n != 200 {
@@ -148,11 +156,14 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 		t.Errorf("history: %d rows after the sweeps, %d before; want nothing written", n, written)
 	}
 
-	// Drift on 10 rows: 10 Drifted, nothing written.
+	// The other system writes 10 of its rows after the adoption, by its own keys:
+	// 10 Drifted, nothing written.
 	var drifted []studentv1.Student
-	for _, s := range list.Items[:10] {
-		drifted = append(drifted, s)
-		sqlExec(`UPDATE students SET school = 'elsewhere' WHERE uid = $1`, string(s.UID))
+	for _, s := range list.Items {
+		if strings.HasPrefix(s.Name, "outside-") && len(drifted) < 10 {
+			drifted = append(drifted, s)
+			sqlExec(`UPDATE students SET school = 'elsewhere' WHERE uid = $1`, s.Name) // its key, as it inserted it
+		}
 	}
 	eventually(t, time.Minute, "10 Students Drifted", func(ctx context.Context) (bool, error) {
 		l, err := students(ns).List(ctx, metav1.ListOptions{})
@@ -190,10 +201,10 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 		t.Errorf("history: %d rows after 10 switched to Manage, want %d", n, written)
 	}
 	for _, s := range drifted {
-		if n := count(`SELECT count(*) FROM student_history WHERE uid = $1 AND action = 'updated' AND cause <> 'before-managed'`, string(s.UID)); n != 1 {
+		if n := count(`SELECT count(*) FROM student_history WHERE uid = $1 AND action = 'updated' AND cause <> 'before-managed'`, s.Name); n != 1 {
 			t.Errorf("Student %s: %d rows updated, want 1", s.Name, n)
 		}
-		if n := count(`SELECT count(*) FROM student_history WHERE uid = $1 AND cause = 'before-managed' AND school = 'elsewhere'`, string(s.UID)); n != 1 {
+		if n := count(`SELECT count(*) FROM student_history WHERE uid = $1 AND cause = 'before-managed' AND school = 'elsewhere'`, s.Name); n != 1 {
 			t.Errorf("Student %s: %d copies of the row as observed, want 1 (school elsewhere)", s.Name, n)
 		}
 	}
@@ -208,7 +219,7 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 	}
 	waitAllReady(t, ns, 199, time.Minute)
 	time.Sleep(3 * time.Second) // sweeps
-	if r, ok := rowsOf(t, db)[string(gone.UID)]; !ok || r.Owner != owner {
+	if r, ok := rowsOf(t, db)[gone.Annotations[studentv1.AnnotationRowUID]]; !ok || r.Owner != owner {
 		t.Errorf("the row of the deleted observed Student %s: %+v, %v; want it kept", gone.Name, r, ok)
 	}
 	ctl.stop()

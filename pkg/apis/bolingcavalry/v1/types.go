@@ -167,6 +167,13 @@ const (
 	// (any token: a time, a counter). That sync reads the row from the registry and
 	// records the value in status.lastHandledReconcileAt.
 	AnnotationReconcileRequestedAt = "bolingcavalry.k8s.io/reconcile-requested-at"
+	// AnnotationRowUID names the registry row of a Student whose row has a key of its
+	// own: a row that `student-controller registry adopt` bound to the Student it
+	// made keeps the uid another system inserted it with, so that system goes on
+	// writing it by that key. The row records the Student's uid in turn; a Student
+	// that names a row bound to another Student is refused (RowNotBound). Without it,
+	// the row's uid is the Student's. Never remove or change it.
+	AnnotationRowUID = "bolingcavalry.k8s.io/row-uid"
 )
 
 // The condition types and reasons that the controller reports on a Student.
@@ -211,6 +218,10 @@ const (
 	// it), and this controller did not write it again: it has undone as many rows as
 	// it does on its own (--registry-max-rewinds).
 	ReasonRowDeleted = "RowDeleted"
+	// ReasonRowNotBound: the Student names a registry row (its row-uid annotation)
+	// that is bound to another Student, or to none: the annotation was copied or set
+	// by hand. The controller neither writes nor lets go of that row for it.
+	ReasonRowNotBound = "RowNotBound"
 )
 
 // StudentList is a list of Students.
