@@ -3,8 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -15,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -24,9 +21,9 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-// The registry's mark, kept in the cluster: a ConfigMap named after the owner, in the
-// controller's namespace, which holds the owner and the highest mark this cluster has
-// seen the registry at. A registry found below it went back in time; the ConfigMap
+// The registry's mark, kept in the cluster: a ConfigMap named after the leader
+// election Lease, in the controller's namespace, which holds the owner and the highest
+// mark this cluster has seen the registry at. A registry found below it went back in time; the ConfigMap
 // then says so (markBehind) until an operator confirms with the annotation.
 const (
 	markSuffix = "-registry-mark"
@@ -44,20 +41,15 @@ const (
 
 // markPlace is where the cluster keeps the registry's mark: in --registry-mark-namespace,
 // else the leader election Lease's namespace (--leader-elect-namespace, else the Pod's,
-// else kube-system with --leader-elect); named OWNER-registry-mark, or after a hash
-// of the owner where that is no valid name. Empty namespace: nowhere (a controller
-// run outside a Pod without leader election).
+// else kube-system with --leader-elect); named after the Lease (--leader-elect-id), so
+// that the RBAC that names the Lease names it too. Empty namespace: nowhere (a
+// controller run outside a Pod without leader election).
 func markPlace(opts options) (namespace, name string) {
 	namespace = cmp.Or(opts.markNamespace, opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"))
 	if namespace == "" && opts.leaderElect {
 		namespace = metav1.NamespaceSystem
 	}
-	name = opts.owner + markSuffix
-	if len(validation.IsDNS1123Subdomain(name)) > 0 {
-		sum := sha256.Sum256([]byte(opts.owner))
-		name = "registry-mark-" + hex.EncodeToString(sum[:8])
-	}
-	return namespace, name
+	return namespace, opts.leaderElectID + markSuffix
 }
 
 // markKeeper keeps the registry's mark in the cluster while this controller holds the
@@ -74,8 +66,33 @@ type markKeeper struct {
 	// checked says a check has compared the marks at least once.
 	behind  *atomic.Pointer[string]
 	checked atomic.Bool
-	// cm is the ConfigMap as last read or written; nil before.
-	cm *corev1.ConfigMap
+	// failing is the last check's error, until one succeeds.
+	failing atomic.Pointer[string]
+}
+
+// Ready is nil unless the registry is behind the cluster's mark, or the last check
+// could not compare them: the Pod is then not ready, and says why. A standby, which
+// checks nothing, is ready.
+func (k *markKeeper) Ready() error {
+	if msg := k.behind.Load(); msg != nil {
+		return errors.New(*msg)
+	}
+	if msg := k.failing.Load(); msg != nil {
+		return fmt.Errorf("cannot compare the registry's mark with the cluster's, so the sweep releases nothing: %s", *msg)
+	}
+	return nil
+}
+
+// checkAndKeep runs check and keeps its error for Ready.
+func (k *markKeeper) checkAndKeep(ctx context.Context) error {
+	err := k.check(ctx)
+	if err != nil && ctx.Err() == nil {
+		msg := err.Error()
+		k.failing.Store(&msg)
+	} else if err == nil {
+		k.failing.Store(nil)
+	}
+	return err
 }
 
 // Behind is nil once the marks were compared and the registry is not behind the
@@ -103,7 +120,7 @@ func (k *markKeeper) run(ctx context.Context, interval time.Duration) {
 			return
 		case <-tick.C:
 		}
-		if err := k.check(ctx); err != nil && ctx.Err() == nil {
+		if err := k.checkAndKeep(ctx); err != nil && ctx.Err() == nil {
 			logger.Error(err, "Cannot keep the registry's mark in the cluster; retrying", "configMap", klog.KRef(k.namespace, k.name))
 		}
 	}
@@ -111,37 +128,35 @@ func (k *markKeeper) run(ctx context.Context, interval time.Duration) {
 
 // check advances the registry's mark and compares it with the cluster's: below it,
 // the registry is behind until an operator confirms; above it, the cluster's mark
-// follows.
+// follows. The ConfigMap is read before the mark advances, and written only at the
+// version read: a former holder that paused past its fence (its mark refused) or past
+// a new holder's write (a conflict) writes nothing.
 func (k *markKeeper) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	cms := k.client.CoreV1().ConfigMaps(k.namespace)
+	read, err := cms.Get(ctx, k.name, metav1.GetOptions{})
+	missing := apierrors.IsNotFound(err)
+	if err != nil && !missing {
+		return fmt.Errorf("read ConfigMap %s/%s: %w", k.namespace, k.name, err)
+	}
 	mark, err := k.reg.AdvanceMark(ctx)
 	if err != nil {
 		return err
 	}
-	cms := k.client.CoreV1().ConfigMaps(k.namespace)
-	if k.cm == nil || k.behind.Load() != nil {
-		// First, and while behind (to see the operator's annotation): read it anew.
-		cm, err := cms.Get(ctx, k.name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			cm, err = cms.Create(ctx, &corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Name: k.name, Namespace: k.namespace,
-					Labels: map[string]string{"app.kubernetes.io/name": controller.Name}},
-				Data: map[string]string{markOwner: k.owner, markValue: strconv.FormatInt(mark, 10)},
-			}, metav1.CreateOptions{})
-			if err != nil {
-				return fmt.Errorf("create ConfigMap %s/%s: %w", k.namespace, k.name, err)
-			}
-			k.cm = cm
-			k.report(ctx, false, mark, mark)
-			return nil
-		case err != nil:
-			return fmt.Errorf("read ConfigMap %s/%s: %w", k.namespace, k.name, err)
+	if missing {
+		_, err := cms.Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: k.name, Namespace: k.namespace,
+				Labels: map[string]string{"app.kubernetes.io/name": controller.Name}},
+			Data: map[string]string{markOwner: k.owner, markValue: strconv.FormatInt(mark, 10)},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("create ConfigMap %s/%s: %w", k.namespace, k.name, err)
 		}
-		k.cm = cm
+		k.report(ctx, false, mark, mark)
+		return nil
 	}
-	cm := k.cm.DeepCopy()
+	cm := read.DeepCopy()
 	if cm.Data == nil {
 		cm.Data = map[string]string{}
 	}
@@ -220,14 +235,11 @@ func (k *markKeeper) report(ctx context.Context, behind bool, mark, seen int64) 
 	}
 }
 
-// update writes cm; on a conflict the next check reads it again.
+// update writes cm at the version the check read; a conflict writes nothing.
 func (k *markKeeper) update(ctx context.Context, cm *corev1.ConfigMap) error {
-	updated, err := k.client.CoreV1().ConfigMaps(k.namespace).Update(ctx, cm, metav1.UpdateOptions{})
-	if err != nil {
-		k.cm = nil
+	if _, err := k.client.CoreV1().ConfigMaps(k.namespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("update ConfigMap %s/%s: %w", k.namespace, k.name, err)
 	}
-	k.cm = updated
 	return nil
 }
 
@@ -243,22 +255,26 @@ func confirmCommand(namespace, name string, seen int64) string {
 	return fmt.Sprintf("kubectl -n %s annotate configmap %s %s=%d", namespace, name, AnnotationBehindConfirmed, seen)
 }
 
-// registryBehind reads the cluster's mark for a command (prune): an error saying so
-// when the registry is behind it and no operator has confirmed; nil when it is not, or
-// when the cluster keeps no mark for the owner.
+// registryBehind reads the cluster's mark for a command (prune): nil when the registry
+// is not behind it, or an operator has confirmed; otherwise an error that says so. A
+// mark it cannot find (no namespace given, no ConfigMap, another owner's) is an error
+// too: prune deletes nothing on a registry it cannot tell is current.
 func registryBehind(ctx context.Context, client kubernetes.Interface, opts options, reg *registry.Registry) error {
 	namespace, name := markPlace(opts)
 	if namespace == "" {
-		return nil
+		return errors.New("the cluster's mark of the registry is needed to tell that the registry did not go back in time: " +
+			"give the controller's namespace with --registry-mark-namespace (and its --leader-elect-id where the Lease is not student-controller)")
 	}
 	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil
+		return fmt.Errorf("no ConfigMap %s/%s keeps the registry's mark: a controller of this version keeps it once it runs "+
+			"(check --registry-mark-namespace and --leader-elect-id)", namespace, name)
 	case err != nil:
 		return fmt.Errorf("read the cluster's mark of the registry (ConfigMap %s/%s): %w", namespace, name, err)
 	case cm.Data[markOwner] != opts.owner:
-		return nil
+		return fmt.Errorf("ConfigMap %s/%s keeps the mark of owner %q, not %q: run a controller of this owner first", namespace, name,
+			cm.Data[markOwner], opts.owner)
 	}
 	seen, _ := strconv.ParseInt(cm.Data[markValue], 10, 64)
 	if cm.Annotations[AnnotationBehindConfirmed] == strconv.FormatInt(seen, 10) {

@@ -43,15 +43,22 @@ func TestMarkKeeper(t *testing.T) {
 	promReg := prometheus.NewRegistry()
 	recorder := record.NewFakeRecorder(10)
 	var behind atomic.Pointer[string]
-	opts := options{owner: "stu", markNamespace: "system"}
+	opts := options{owner: "stu", markNamespace: "system", leaderElectID: "student-controller"}
 	namespace, name := markPlace(opts)
-	if name != "stu-registry-mark" {
+	if name != "student-controller-registry-mark" {
 		t.Fatalf("the ConfigMap's name: %q", name)
 	}
 	k := &markKeeper{client: client, namespace: namespace, name: name, owner: "stu", reg: reg,
 		metrics: controller.NewMetrics(promReg), recorder: recorder, pod: podRef(), behind: &behind}
 	if k.Behind() == nil {
 		t.Error("Behind before the first check: nil, want an error (not compared yet)")
+	}
+	// prune deletes nothing on a registry whose mark it cannot find.
+	if err := registryBehind(ctx, client, options{owner: "stu", leaderElectID: "student-controller"}, reg); err == nil {
+		t.Error("prune's check with no namespace for the mark: nil, want a refusal")
+	}
+	if err := registryBehind(ctx, client, opts, reg); err == nil || !strings.Contains(err.Error(), "no ConfigMap") {
+		t.Errorf("prune's check before any controller kept a mark: %v, want a refusal", err)
 	}
 	check := func(wantBehind bool) {
 		t.Helper()

@@ -102,7 +102,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"Rows found at a newer generation than their Students (after an etcd restore) that the controller takes back to its Students from its start; "+
 			"past it such a row makes its Student not Ready (reason RegistryAhead), since so many looks like a cloned cluster sharing production's registry.")
 	fs.StringVar(&o.markNamespace, "registry-mark-namespace", "",
-		"Namespace of the ConfigMap OWNER-registry-mark, in which the cluster keeps the highest mark it has seen the registry at, "+
+		"Namespace of the ConfigMap LEASE-registry-mark (LEASE is --leader-elect-id), in which the cluster keeps the highest mark it has seen the registry at, "+
 			"so that a registry put back in time (an older backup, a point-in-time recovery) is noticed. Defaults to the Lease's namespace "+
 			"(--leader-elect-namespace), else the Pod's (POD_NAMESPACE), else kube-system with --leader-elect; without any, the mark is not kept.")
 	fs.DurationVar(&o.lockWait, "registry-lock-wait", registry.DefaultLockWait,
@@ -136,8 +136,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.leaderElect, "leader-elect", false,
 		"Run only while holding a coordination.k8s.io Lease, so that one of several replicas works at a time.")
 	fs.StringVar(&o.leaderElectNamespace, "leader-elect-namespace", "",
-		"Namespace of the Lease. Defaults to the Pod's namespace (POD_NAMESPACE), else kube-system.")
-	fs.StringVar(&o.leaderElectID, "leader-elect-id", "student-controller", "Name of the Lease.")
+		"Namespace of the Lease, and of the registry's mark (--registry-mark-namespace). Defaults to the Pod's namespace (POD_NAMESPACE), else kube-system.")
+	fs.StringVar(&o.leaderElectID, "leader-elect-id", "student-controller",
+		"Name of the Lease; the ConfigMap that keeps the registry's mark is named after it (NAME-registry-mark), with or without --leader-elect.")
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second,
 		"How long a standby waits, after the leader stops renewing, before taking over.")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second,
@@ -274,7 +275,8 @@ func (o *options) validate() error {
 		errs = append(errs, errors.New("--metrics-secure with --metrics-bind-address=0: there is no metrics endpoint to secure"))
 	}
 	if !o.leaderElect {
-		for _, name := range []string{"leader-elect-namespace", "leader-elect-id", "leader-elect-lease-duration", "leader-elect-renew-deadline", "leader-elect-retry-period"} {
+		// The Lease's namespace and name also place the registry's mark: kept.
+		for _, name := range []string{"leader-elect-lease-duration", "leader-elect-renew-deadline", "leader-elect-retry-period"} {
 			if o.set[name] {
 				errs = append(errs, fmt.Errorf("--%s without --leader-elect does nothing", name))
 			}

@@ -120,5 +120,5 @@ func studentThere(ctx context.Context, client versioned.Interface, row registry.
 	case err != nil:
 		return false, fmt.Errorf("ask whether Student %s/%s is there: %w", row.Namespace, row.Name, err)
 	}
-	return controller.RowUID(s) == row.UID, nil
+	return controller.HasRow(s, row), nil
 }

@@ -21,8 +21,8 @@ const registryUsage = `Usage:
   student-controller registry backup --registry URL --to FILE
   student-controller registry adopt --registry URL --registry-owner OWNER [--kubeconfig FILE] [--dry-run]
       [--namespace NS,...] [--school SCHOOL] [--create-namespaces] [--max-adoptions N] [-o table|json] [--migrate]
-  student-controller registry prune --registry URL --registry-owner OWNER [--kubeconfig FILE] [--namespace NS,...]
-      [--max-prunes N] [--yes] [--migrate]
+  student-controller registry prune --registry URL --registry-owner OWNER --registry-mark-namespace NS
+      [--leader-elect-id LEASE] [--kubeconfig FILE] [--namespace NS,...] [--max-prunes N] [--yes] [--migrate]
 
 move-cluster binds an owner's rows to the cluster that --kubeconfig reaches, where the
 registry binds them to CLUSTER now (the UID that the refusing controller printed). A
@@ -61,8 +61,9 @@ prune deletes rows that OWNER released because their Students were not found (th
 sweep never deletes on absence) while they recorded the Delete policy: the rows a
 finalizer would have deleted. It asks the API server for each and keeps those whose
 Student is there. Without --yes it lists them and changes nothing; past --max-prunes
-rows (100) it deletes none. While the registry is behind the mark the cluster keeps
-(it was put back in time, and no operator has confirmed it) it refuses. Exit status: 2
+rows (100) it deletes none. It reads the registry's mark that the cluster keeps (the
+ConfigMap LEASE-registry-mark in --registry-mark-namespace) and refuses when it cannot
+find it, or the registry is behind it (put back in time, not yet confirmed). Exit status: 2
 when rows would be pruned, or were refused; 1 on an error; 0 otherwise. Back up the
 registry first.
 

@@ -55,9 +55,10 @@ func run(ctx context.Context, opts options) error {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
 	var running atomic.Pointer[controller.Controller]
-	// fenceHolder is the controller this one waits for, while it does; behind says the
-	// registry is behind the cluster's mark, while it is (markKeeper).
+	// fenceHolder is the controller this one waits for, while it does; keeper keeps
+	// the registry's mark, and says when the registry is behind it.
 	var fenceHolder, behind atomic.Pointer[string]
+	var keeperRef atomic.Pointer[markKeeper]
 	ready := func() error {
 		if c := running.Load(); c == nil || !c.HasSynced() {
 			return errors.New("the Student cache has not synced")
@@ -65,8 +66,8 @@ func run(ctx context.Context, opts options) error {
 		if holder := fenceHolder.Load(); holder != nil {
 			return fmt.Errorf("another controller of owner %q holds the registry's write fence: %s", opts.owner, *holder)
 		}
-		if msg := behind.Load(); msg != nil {
-			return errors.New(*msg)
+		if k := keeperRef.Load(); k != nil {
+			return k.Ready()
 		}
 		return nil
 	}
@@ -118,6 +119,7 @@ func run(ctx context.Context, opts options) error {
 	var registryBehind func() error
 	if keeper != nil {
 		registryBehind = keeper.Behind
+		keeperRef.Store(keeper)
 	}
 	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
 		Scope:          opts.scope,
@@ -205,7 +207,7 @@ func run(ctx context.Context, opts options) error {
 		if err == nil && keeper != nil {
 			// The marks are compared before the first sweep; until a check succeeds
 			// the sweep releases nothing.
-			if err := keeper.check(workCtx); err != nil {
+			if err := keeper.checkAndKeep(workCtx); err != nil {
 				logger.Error(err, "Cannot compare the registry's mark with the cluster's yet; the sweep releases nothing until it can",
 					"configMap", klog.KRef(keeper.namespace, keeper.name))
 			}

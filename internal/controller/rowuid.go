@@ -18,17 +18,30 @@ func RowUID(s *studentv1.Student) string {
 	return string(s.UID)
 }
 
+// HasRow says whether s, the Student at a row's namespace and name, may be that row's:
+// it names the row, the row is bound to it, or the row's key is its uid. Absence
+// destroys nothing, so the sweep and prune take a row for one without its Student only
+// when none of these holds: a row-uid annotation added, removed or copied since never
+// makes a Student's row look orphaned.
+func HasRow(s *studentv1.Student, row registry.Record) bool {
+	return RowUID(s) == row.UID || string(s.UID) == row.UID || row.StudentUID != "" && string(s.UID) == row.StudentUID
+}
+
 // rowNotBound says why s may not have the row its row-uid annotation names: the row
-// records another Student's uid, or none (the annotation was copied or set by hand).
-// "" when s names no row of its own, the row is bound to s, or there is no such row
-// (the write that makes it binds it to s).
-func (c *Controller) rowNotBound(ctx context.Context, s *studentv1.Student) (string, error) {
+// records another Student's uid, or none (the annotation was copied or set by hand);
+// or, for a write (write), the row is missing: writing it would take another system's
+// key on the word of an annotation alone. "" when s names no row of its own, the row
+// is bound to s, or (not for a write) there is no such row.
+func (c *Controller) rowNotBound(ctx context.Context, s *studentv1.Student, write bool) (string, error) {
 	key := RowUID(s)
 	if key == string(s.UID) {
 		return "", nil
 	}
 	row, err := c.rows.Get(ctx, key)
 	switch {
+	case errors.Is(err, registry.ErrNotFound) && write:
+		return fmt.Sprintf("the row %s that annotation %s names is missing (deleted by the system that wrote it, or by hand): put it back, "+
+			"or remove the annotation to give the Student a row of its own uid", key, studentv1.AnnotationRowUID), nil
 	case errors.Is(err, registry.ErrNotFound):
 		return "", nil
 	case errors.Is(err, registry.ErrMalformed):

@@ -38,10 +38,11 @@ func reconcileRequest(s *studentv1.Student) string {
 const maxReconcileToken = 256
 
 // steered says whether an update changed how the operator steers the Student: pause,
-// unpause, or a new reconcile request. The API server does not bump the generation
-// for annotations, so needsSync asks this.
+// unpause, a new reconcile request, or the row it names. The API server does not bump
+// the generation for annotations, so needsSync asks this.
 func steered(oldS, newS *cachedStudent) bool {
-	return oldS.isPaused() != newS.isPaused() || oldS.rareField().reconcileRequestedAt != newS.rareField().reconcileRequestedAt
+	return oldS.isPaused() != newS.isPaused() || oldS.rareField().reconcileRequestedAt != newS.rareField().reconcileRequestedAt ||
+		oldS.rowUID() != newS.rowUID()
 }
 
 // holdPaused is the whole sync of a paused Student: no registry read or write, no

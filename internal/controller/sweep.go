@@ -248,8 +248,7 @@ func (c *Controller) withoutLive(ctx context.Context, orphans []registry.Record,
 }
 
 // studentExists asks the API server whether the Student of a row exists: by the
-// namespace and name the row records, a Student whose row it is (its uid, or the
-// row-uid it names).
+// namespace and name the row records, a Student that may be the row's (HasRow).
 func (c *Controller) studentExists(ctx context.Context, row registry.Record) (bool, error) {
 	live, err := c.getStudent(ctx, row.Namespace, row.Name)
 	switch {
@@ -258,7 +257,7 @@ func (c *Controller) studentExists(ctx context.Context, row registry.Record) (bo
 	case err != nil:
 		return false, fmt.Errorf("sweep: confirm that Student %s/%s is gone: %w", row.Namespace, row.Name, err)
 	}
-	return RowUID(live) == row.UID, nil
+	return HasRow(live, row), nil
 }
 
 // reportMalformed logs each unreadable row once, when a sweep first finds it.

@@ -78,7 +78,7 @@ func (c *Controller) reconcile(ctx context.Context, s *studentv1.Student) error 
 	if problem := s.Spec.Validate(); problem != "" {
 		return c.refuseSpec(ctx, s, problem)
 	}
-	if problem, err := c.rowNotBound(ctx, s); err != nil {
+	if problem, err := c.rowNotBound(ctx, s, !observed(s.Spec)); err != nil {
 		return c.registryFailed(ctx, s, err)
 	} else if problem != "" {
 		return c.refuseUnbound(ctx, s, problem)
@@ -365,7 +365,7 @@ func (c *Controller) finalize(ctx context.Context, s *studentv1.Student) error {
 		return nil
 	}
 	logger := klog.FromContext(ctx)
-	if problem, err := c.rowNotBound(ctx, s); err != nil {
+	if problem, err := c.rowNotBound(ctx, s, false); err != nil {
 		return c.registryFailed(ctx, s, err)
 	} else if problem != "" {
 		// The row is another Student's, or nobody's: not this one's to let go.

@@ -284,7 +284,7 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 	procURL, passwordArgs := registrytest.ForProcess(t, url)
 	common := append([]string{"--kubeconfig", controllerID.Kubeconfig, "--registry", procURL, "--registry-owner", owner}, passwordArgs...)
 	common = append(common, "--registry-mark-namespace", ns)
-	markRBAC(t, ns, owner+"-registry-mark")
+	markRBAC(t, ns, "student-controller-registry-mark")
 	args := append([]string{"--namespace", ns, "--sweep-interval", "2s"}, common...)
 	ctrl := startProcess(t, "controller", args...)
 	uids := createAll(t, client, map[string]studentv1.DeletionPolicy{"kept": "Delete", "changed": "Delete", "gone-delete": "Delete",
@@ -381,7 +381,7 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 
 	// The operator confirms the registry as it is.
 	cms := kubeClient().CoreV1().ConfigMaps(ns)
-	cm, err := cms.Get(ctx, owner+"-registry-mark", metav1.GetOptions{})
+	cm, err := cms.Get(ctx, "student-controller-registry-mark", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +512,7 @@ func markRBAC(t *testing.T, ns, name string) {
 // there is none.
 func clusterMark(t *testing.T, ns string) int64 {
 	t.Helper()
-	cm, err := kubeClient().CoreV1().ConfigMaps(ns).Get(context.Background(), owner+"-registry-mark", metav1.GetOptions{})
+	cm, err := kubeClient().CoreV1().ConfigMaps(ns).Get(context.Background(), "student-controller-registry-mark", metav1.GetOptions{})
 	if err != nil {
 		return 0
 	}

@@ -294,10 +294,12 @@ func helmTemplate(ctx context.Context, t *testing.T, release string, more []stri
 }
 
 // releaseShape is what a render says about a release's Lease and owner: the
-// controller's flags, and the Lease names its Role lets it read and renew.
+// controller's flags, the Lease names its Role lets it read and renew, and the
+// ConfigMap names (the registry's mark).
 type releaseShape struct {
 	flags     map[string]string
 	leaseRole []string
+	markRole  []string
 	pod       corev1.PodSpec
 }
 
@@ -318,8 +320,12 @@ func shapeOf(t *testing.T, out []byte) releaseShape {
 			var role rbacv1.Role
 			decode(&role)
 			for _, rule := range role.Rules {
-				if slices.Contains(rule.Verbs, "update") {
+				switch {
+				case !slices.Contains(rule.Verbs, "update"):
+				case slices.Contains(rule.Resources, "leases"):
 					r.leaseRole = append(r.leaseRole, rule.ResourceNames...)
+				case slices.Contains(rule.Resources, "configmaps"):
+					r.markRole = append(r.markRole, rule.ResourceNames...)
 				}
 			}
 		}
@@ -362,6 +368,9 @@ func TestChartReleasesApart(t *testing.T) {
 			if diff := cmp.Diff([]string{tc.lease}, r.leaseRole); diff != "" {
 				t.Errorf("the Lease the Role lets the controller renew (-want +got):\n%s", diff)
 			}
+			if diff := cmp.Diff([]string{tc.lease + "-registry-mark"}, r.markRole); diff != "" {
+				t.Errorf("the registry's mark the Role lets the controller keep (-want +got):\n%s", diff)
+			}
 			owner, given := r.flags["registry-owner"]
 			if tc.owner == "" && given || tc.owner != "" && owner != tc.owner {
 				t.Errorf("--registry-owner=%q (given: %v), want %q (\"\" for none: the controller's default)", owner, given, tc.owner)
@@ -373,11 +382,11 @@ func TestChartReleasesApart(t *testing.T) {
 		t.Errorf("two releases in one namespace share a Lease or an owner: Leases %v, owners %v", leases, owners)
 	}
 
-	// Without leader election no Lease flag (the controller refuses --leader-elect-id
-	// without --leader-elect), and the Role still names the release's Lease.
+	// Without leader election the Lease's name still names the registry's mark, and
+	// the Role still names the release's Lease.
 	r := shapeOf(t, helmTemplate(ctx, t, "team-a", nil, "registry.owner=team-a"))
-	if id, set := r.flags["leader-elect-id"]; set {
-		t.Errorf("--leader-elect-id=%s without leader election", id)
+	if id := r.flags["leader-elect-id"]; id != "team-a-student-controller" {
+		t.Errorf("--leader-elect-id=%q without leader election, want team-a-student-controller (the mark's name)", id)
 	}
 	if diff := cmp.Diff([]string{"team-a-student-controller"}, r.leaseRole); diff != "" {
 		t.Errorf("the Lease the Role names without leader election (-want +got):\n%s", diff)

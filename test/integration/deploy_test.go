@@ -197,12 +197,14 @@ func TestDeploymentShape(t *testing.T) {
 			t.Errorf("ClusterRole student-controller: %s = %q, want %q", k, got[k], v)
 		}
 	}
-	// The Lease: created by any name (RBAC cannot limit create by name), read and
-	// renewed only by its own.
-	if len(roles) != 1 || roles[0].Namespace != "student-controller-system" || len(roles[0].Rules) != 2 ||
+	// The Lease and the registry's mark: created by any name (RBAC cannot limit create
+	// by name), read and renewed only by their own.
+	if len(roles) != 1 || roles[0].Namespace != "student-controller-system" || len(roles[0].Rules) != 4 ||
 		strings.Join(roles[0].Rules[0].Verbs, ",") != "create" ||
-		strings.Join(roles[0].Rules[1].ResourceNames, ",") != "student-controller" || strings.Join(roles[0].Rules[1].Verbs, ",") != "get,update" {
-		t.Errorf("want one Role, for the Lease student-controller in student-controller-system; got %+v", roles)
+		strings.Join(roles[0].Rules[1].ResourceNames, ",") != "student-controller" || strings.Join(roles[0].Rules[1].Verbs, ",") != "get,update" ||
+		strings.Join(roles[0].Rules[2].Resources, ",") != "configmaps" || strings.Join(roles[0].Rules[2].Verbs, ",") != "create" ||
+		strings.Join(roles[0].Rules[3].ResourceNames, ",") != "student-controller-registry-mark" || strings.Join(roles[0].Rules[3].Verbs, ",") != "get,update" {
+		t.Errorf("want one Role, for the Lease student-controller and the ConfigMap student-controller-registry-mark in student-controller-system; got %+v", roles)
 	}
 }
 
