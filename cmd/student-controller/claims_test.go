@@ -1,16 +1,19 @@
 package main
 
 import (
+	"flag"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // The pages in docs/ and the README name tests, metrics, alerts, condition reasons,
-// make targets and other pages (and their headings); TestDocsNameWhatExists fails
+// flags, Helm values, Go files, make targets and other pages (and their headings); TestDocsNameWhatExists fails
 // when one of those names is not in the code, so that a claim cannot outlive what it
 // names.
 
@@ -75,13 +78,47 @@ var (
 	docAlertRow = regexp.MustCompile("(?m)^\\| `(Student[A-Za-z]+)` \\(")
 	// An alert rule.
 	alertRule = regexp.MustCompile(`(?m)^\s+- alert: (\S+)$`)
+	// A flag, as a code span starts with it: ours, or one of outsideFlags.
+	docFlag = regexp.MustCompile("`(--[a-z][a-z0-9-]*[a-z0-9])")
+	// A Helm value (its path, before any =) or a Go file, in backticks.
+	docDotted = regexp.MustCompile("`([a-z][A-Za-z0-9]*(?:\\.[A-Za-z][A-Za-z0-9]*)+)(?:=[^`]*)?`")
+	// An Event reason the controller declares, and a row of design.md's Events table.
+	codeEvent = regexp.MustCompile(`(?m)^\s+[eE]vent[A-Z][A-Za-z]*\s*=\s*"([A-Z][A-Za-z]+)"$`)
 	// A heading, and a target of the Makefile.
 	heading    = regexp.MustCompile(`(?m)^#+ (.+)$`)
 	makeTarget = regexp.MustCompile(`(?m)^([a-z][a-z-]*):`)
 )
 
+// outsideFlags are flags of other programs that the pages show: helm's and
+// kube-apiserver's.
+var outsideFlags = map[string]bool{"--set": true, "--wait": true,
+	"--shutdown-watch-termination-grace-period": true, "--tracing-config-file": true}
+
 func TestDocsNameWhatExists(t *testing.T) {
 	pages := docPages(t)
+	var opts options
+	var rf registryFlags
+	flags := flag.NewFlagSet("all", flag.ContinueOnError)
+	opts.addCommandFlags(flags)
+	rf.add(flags)
+	addLoggingFlags(flags)
+	valuesYAML, err := os.ReadFile("../../charts/student-controller/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values map[string]any
+	if err := sigsyaml.Unmarshal(valuesYAML, &values); err != nil {
+		t.Fatal(err)
+	}
+	goFiles := map[string]bool{}
+	if err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			goFiles[d.Name()] = true
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 	tests := repoText(t, "_test.go")
 	code := repoText(t, ".go")
 	makefile, err := os.ReadFile("../../Makefile")
@@ -117,6 +154,22 @@ func TestDocsNameWhatExists(t *testing.T) {
 		for _, m := range docReason.FindAllStringSubmatch(text, -1) {
 			if !regexp.MustCompile(`Reason` + m[1] + `\s*=\s*"` + m[1] + `"`).MatchString(code) {
 				t.Errorf("%s names the reason %s, which pkg/apis does not declare", page, m[1])
+			}
+		}
+		for _, m := range docFlag.FindAllStringSubmatch(text, -1) {
+			if flags.Lookup(strings.TrimPrefix(m[1], "--")) == nil && !outsideFlags[m[1]] {
+				t.Errorf("%s names the flag %s, which neither the controller nor its registry subcommands have", page, m[1])
+			}
+		}
+		for _, m := range docDotted.FindAllStringSubmatch(text, -1) {
+			path := strings.Split(m[1], ".")
+			switch {
+			case strings.HasSuffix(m[1], ".go") && len(path) == 2:
+				if !goFiles[m[1]] {
+					t.Errorf("%s names the file %s, which the repository does not have", page, m[1])
+				}
+			case values[path[0]] != nil && !hasValue(values, path):
+				t.Errorf("%s names the Helm value %s, which values.yaml does not have", page, m[1])
 			}
 		}
 		for _, m := range docMake.FindAllStringSubmatch(text, -1) {
@@ -161,12 +214,34 @@ func TestDocsNameWhatExists(t *testing.T) {
 			t.Errorf("docs/runbooks.md has no section for alert %s", alert)
 		}
 	}
+	// Each Event the controller posts: a row of design.md's Events table.
+	design := pages["../../docs/design.md"]
+	for _, m := range codeEvent.FindAllStringSubmatch(code, -1) {
+		if !regexp.MustCompile("(?m)^\\|.*\\| (?:Warning|Normal) `" + m[1] + "`").MatchString(design) {
+			t.Errorf("docs/design.md's Events table has no row for the Event %s", m[1])
+		}
+	}
 	// Each reason the controller reports: its section of docs/troubleshooting.md.
 	for _, m := range apiReason.FindAllStringSubmatch(code, -1) {
 		if !hasAnchor(t, "../../docs/troubleshooting.md", slug(m[1])) {
 			t.Errorf("docs/troubleshooting.md has no section for the reason %s", m[1])
 		}
 	}
+}
+
+// hasValue says whether the chart's values have the key path.
+func hasValue(values map[string]any, path []string) bool {
+	var v any = values
+	for _, key := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return false
+		}
+		if v, ok = m[key]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // runbookBase is where the alerts' runbook_url point: docs/runbooks.md, as the chart's

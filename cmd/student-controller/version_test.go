@@ -40,9 +40,10 @@ func TestOneVersion(t *testing.T) {
 			t.Errorf("Chart.yaml lacks %q", field)
 		}
 	}
-	newest := regexp.MustCompile(`(?m)^## (\S+) \(registry schema (\d+)\)$`).FindStringSubmatch(read("../../CHANGELOG.md"))
+	// Keep a Changelog: "## [X.Y.Z] - DATE", then the schema it brings.
+	newest := regexp.MustCompile(`(?m)^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}\n\nRegistry schema (\d+)\.$`).FindStringSubmatch(read("../../CHANGELOG.md"))
 	if newest == nil || newest[1] != version {
-		t.Errorf("CHANGELOG.md's newest entry is %v, want version %s with the schema it brings", newest, version)
+		t.Errorf("CHANGELOG.md's newest entry is %v, want version %s, dated, with the schema it brings", newest, version)
 	}
 	migrations, err := os.ReadDir("../../internal/registry/migrations/sqlite")
 	if err != nil {
