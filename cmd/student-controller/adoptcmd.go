@@ -44,6 +44,11 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	if err != nil {
 		return 1, err
 	}
+	// A Student made on a CRD without spec.management would lose Observe, and its row
+	// be written: adopt makes none until the CRD is this version's.
+	if err := checkCRD(ctx, opts); err != nil {
+		return 1, err
+	}
 	var reg *registry.Registry
 	release := func() {}
 	if opts.dryRun {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -155,6 +156,19 @@ func commandClients(ctx context.Context, opts options) (kubernetes.Interface, ve
 		return nil, nil, "", err
 	}
 	return kube, students, cluster, nil
+}
+
+// checkCRD is controller.CheckCRD over the cluster that --kubeconfig reaches.
+func checkCRD(ctx context.Context, opts options) error {
+	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("build client config: %w", err)
+	}
+	client, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	return controller.CheckCRD(ctx, client)
 }
 
 // listStudents lists the Students of scope, as the controller's informers ask for

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
@@ -57,11 +58,14 @@ func run(ctx context.Context, opts options) error {
 	var running atomic.Pointer[controller.Controller]
 	// fenceHolder is the controller this one waits for, while it does; keeper keeps
 	// the registry's mark, and says when the registry is behind it.
-	var fenceHolder, behind atomic.Pointer[string]
+	var fenceHolder, behind, crdProblem atomic.Pointer[string]
 	var keeperRef atomic.Pointer[markKeeper]
 	ready := func() error {
 		if c := running.Load(); c == nil || !c.HasSynced() {
 			return errors.New("the Student cache has not synced")
+		}
+		if problem := crdProblem.Load(); problem != nil {
+			return errors.New(*problem)
 		}
 		if holder := fenceHolder.Load(); holder != nil {
 			return fmt.Errorf("another controller of owner %q holds the registry's write fence: %s", opts.owner, *holder)
@@ -179,7 +183,16 @@ func run(ctx context.Context, opts options) error {
 	// given back when it stops: meanwhile another controller of the owner waits, and a
 	// former writer's late write (a paused leader's, one that waited on a lock) is
 	// rolled back.
+	crds, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
 	work := func(ctx context.Context) error {
+		// Nothing is written, the schema's migration included, while the served CRD
+		// would drop a field of a write.
+		if !waitForCRD(ctx, crds, &crdProblem) {
+			return nil
+		}
 		ok, err := writable.Lead(ctx, opts.owner, cluster, func(held *registry.HeldError) {
 			fenceHolder.Store(&held.Holder)
 			metrics.ObserveFence(false, true)
@@ -226,6 +239,36 @@ func run(ctx context.Context, opts options) error {
 		return work(ctx)
 	}
 	return runLeading(ctx, opts, wiring.KubeClient, wiring.Recorder, watchdog, gate, work)
+}
+
+// crdRetry is how often a controller that found the Student CRD too old reads it again.
+const crdRetry = 10 * time.Second
+
+// waitForCRD returns once the served Student CRD has every field the controller relies
+// on (controller.CheckCRD); false when ctx ends first. Meanwhile problem says why the
+// Pod is not ready.
+func waitForCRD(ctx context.Context, client dynamic.Interface, problem *atomic.Pointer[string]) bool {
+	logger := klog.FromContext(ctx)
+	said := ""
+	for {
+		checkCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := controller.CheckCRD(checkCtx, client)
+		cancel()
+		if err == nil {
+			problem.Store(nil)
+			return true
+		}
+		if msg := err.Error(); msg != said && ctx.Err() == nil {
+			logger.Error(err, "Writing nothing until the Student CRD serves every field this controller writes; retrying", "every", crdRetry)
+			said = msg
+			problem.Store(&msg)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(crdRetry):
+		}
+	}
 }
 
 // drained runs fn until ctx is done, and then waits for fn to drain, at most

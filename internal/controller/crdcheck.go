@@ -1,0 +1,73 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// RequiredFields are the Student fields this controller reads or writes, as paths in
+// the CRD's schema. A CRD without one makes the API server drop that field from every
+// write (spec.management: an observed Student would be managed), so the controller
+// writes nothing until the CRD is upgraded (CheckCRD).
+var RequiredFields = []string{
+	"spec.name", "spec.school", "spec.deletionPolicy", "spec.management",
+	"status.observedGeneration", "status.conditions", "status.lastHandledReconcileAt",
+	"status.registry.owner", "status.registry.lastWrittenTime", "status.registry.writtenGeneration",
+}
+
+// crdResource is where the API server serves CRDs.
+var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// CRDTooOldError says which fields the served Student CRD lacks.
+type CRDTooOldError struct{ Missing []string }
+
+func (e *CRDTooOldError) Error() string {
+	return fmt.Sprintf("the Student CRD is older than this controller: its schema lacks %s, which the API server would drop from every write. "+
+		"Apply this version's CRD (kubectl apply -k config/crd; with Helm, kubectl apply -f the chart's crds/), and the controller goes on",
+		strings.Join(e.Missing, ", "))
+}
+
+// CheckCRD reads the served Student CRD and returns a *CRDTooOldError when the schema
+// of the version this controller uses lacks a field of RequiredFields.
+func CheckCRD(ctx context.Context, client dynamic.Interface) error {
+	crd, err := client.Resource(crdResource).Get(ctx, crdName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("read the Student CRD: %w", err)
+	}
+	if missing := MissingFields(crd); len(missing) > 0 {
+		return &CRDTooOldError{Missing: missing}
+	}
+	return nil
+}
+
+// MissingFields are the fields of RequiredFields that the CRD's schema for this
+// controller's version does not have (all of them when it serves no such version).
+func MissingFields(crd *unstructured.Unstructured) []string {
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	var root map[string]any
+	for _, v := range versions {
+		version, ok := v.(map[string]any)
+		if ok && version["name"] == studentv1.SchemeGroupVersion.Version && version["served"] == true {
+			root, _, _ = unstructured.NestedMap(version, "schema", "openAPIV3Schema")
+		}
+	}
+	var missing []string
+	for _, field := range RequiredFields {
+		path := []string{}
+		for _, name := range strings.Split(field, ".") {
+			path = append(path, "properties", name)
+		}
+		if _, found, _ := unstructured.NestedMap(root, path...); !found {
+			missing = append(missing, field)
+		}
+	}
+	return missing
+}
