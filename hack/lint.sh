@@ -54,7 +54,7 @@ done
 echo "lint: helm lint --strict"
 "${TOOLS}/helm" lint --strict --kube-version 1.37.2 charts/student-controller
 "${TOOLS}/helm" template student-controller charts/student-controller --namespace student-controller-system \
-	--include-crds --kube-version 1.37.2 >"${OUT}/chart.yaml"
+	--kube-version 1.37.2 >"${OUT}/chart.yaml"
 
 echo "lint: promtool check rules, promtool test rules (the chart's alerts)"
 "${TOOLS}/promtool" check rules charts/student-controller/files/alerts.yaml

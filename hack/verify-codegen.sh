@@ -5,7 +5,7 @@
 set -o errexit -o nounset -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-GENERATED=(pkg/apis pkg/generated config/crd charts/student-controller/crds)
+GENERATED=(pkg/apis pkg/generated config/crd charts/student-controller/templates/crd.yaml)
 
 scratch="$(mktemp -d)"
 trap 'rm -rf "${scratch}"' EXIT

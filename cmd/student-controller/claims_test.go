@@ -91,7 +91,7 @@ var (
 
 // outsideFlags are flags of other programs that the pages show: helm's and
 // kube-apiserver's.
-var outsideFlags = map[string]bool{"--set": true, "--wait": true,
+var outsideFlags = map[string]bool{"--set": true, "--wait": true, "--take-ownership": true,
 	"--shutdown-watch-termination-grace-period": true, "--tracing-config-file": true}
 
 func TestDocsNameWhatExists(t *testing.T) {

@@ -31,7 +31,7 @@ type CRDTooOldError struct{ Missing []string }
 
 func (e *CRDTooOldError) Error() string {
 	return fmt.Sprintf("the Student CRD is older than this controller: its schema lacks %s, which the API server would drop from every write. "+
-		"Apply this version's CRD (kubectl apply -k config/crd; with Helm, kubectl apply -f the chart's crds/), and the controller goes on",
+		"Apply this version's CRD (kubectl apply -k config/crd, or helm upgrade --take-ownership with crds.enabled), and the controller goes on",
 		strings.Join(e.Missing, ", "))
 }
 

@@ -323,7 +323,7 @@ func TestAdmissionPolicyScoped(t *testing.T) {
 	kube := kubernetes.NewForConfigOrDie(cp.Config)
 	stus := versioned.NewForConfigOrDie(cp.Config).BolingcavalryV1()
 	install := exec.Command(filepath.Join(cp.Root, "bin", "tools", "helm"), "install", "team-a", filepath.Join(cp.Root, "charts", "student-controller"),
-		"--namespace", "controllers-a", "--create-namespace", "--set", "registry.owner=team-a", "--set", "watchNamespace={school-a,school-c}",
+		"--namespace", "controllers-a", "--create-namespace", "--set", "crds.enabled=false", "--set", "registry.owner=team-a", "--set", "watchNamespace={school-a,school-c}",
 		"--set", "watchSelector.matchLabels.team=blue", "--kubeconfig", cp.Kubeconfig)
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)

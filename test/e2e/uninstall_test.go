@@ -186,8 +186,11 @@ func TestUninstall(t *testing.T) {
 		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
 		// The control plane has the admission policy already, outside the release. (Its
 		// Deployment never runs here, with no kubelet: the controller is the process.)
+		// The release takes the CRD the control plane installed, as an upgrade from a
+		// chart that kept it in crds/ does; the uninstall keeps it.
 		install := exec.Command(helmBin, "install", "student-controller", filepath.Join(u.cp.Root, "charts", "student-controller"),
-			"--namespace", "student-controller-system", "--create-namespace", "--set", "admissionPolicy.enabled=false", "--kubeconfig", u.cp.Kubeconfig)
+			"--namespace", "student-controller-system", "--create-namespace", "--take-ownership", "--set", "admissionPolicy.enabled=false",
+			"--kubeconfig", u.cp.Kubeconfig)
 		if out, err := install.CombinedOutput(); err != nil {
 			t.Fatalf("helm install (bin/tools/helm: make helm builds it): %v\n%s", err, out)
 		}
@@ -204,14 +207,16 @@ func TestUninstall(t *testing.T) {
 	})
 
 	// Two releases, each watching a namespace of its own, with owners of their own:
-	// uninstalling one deletes its Students only, and the CRD stays for the other's.
+	// uninstalling one deletes its Students only, and the CRD, which that one renders
+	// (the other sets crds.enabled=false), stays for the other's.
 	t.Run("one of two releases", func(t *testing.T) {
 		t.Parallel()
 		u := newUninstallCluster(t)
 		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
 		for _, team := range []string{"a", "b"} {
+			crds := map[string]string{"a": "--take-ownership", "b": "--set=crds.enabled=false"}[team]
 			install := exec.Command(helmBin, "install", "team-"+team, filepath.Join(u.cp.Root, "charts", "student-controller"),
-				"--namespace", "controllers-"+team, "--create-namespace", "--set", "admissionPolicy.enabled=false",
+				"--namespace", "controllers-"+team, "--create-namespace", crds, "--set", "admissionPolicy.enabled=false",
 				"--set", "registry.owner=team-"+team, "--set", "watchNamespace=school-"+team, "--kubeconfig", u.cp.Kubeconfig)
 			if out, err := install.CombinedOutput(); err != nil {
 				t.Fatalf("helm install: %v\n%s", err, out)
@@ -246,7 +251,7 @@ func TestUninstall(t *testing.T) {
 		helmBin := filepath.Join(u.cp.Root, "bin", "tools", "helm")
 		for _, team := range []string{"a", "b"} {
 			install := exec.Command(helmBin, "install", "team-"+team, filepath.Join(u.cp.Root, "charts", "student-controller"),
-				"--namespace", "controllers-"+team, "--create-namespace", "--set", "admissionPolicy.enabled=false",
+				"--namespace", "controllers-"+team, "--create-namespace", "--set", "crds.enabled=false", "--set", "admissionPolicy.enabled=false",
 				"--set", "registry.owner=team-"+team, "--set", "watchNamespace={school-a,school-b}",
 				"--set", "watchSelector.matchLabels.team="+team, "--kubeconfig", u.cp.Kubeconfig)
 			if out, err := install.CombinedOutput(); err != nil {

@@ -164,15 +164,22 @@ func TestChartDryRunServer(t *testing.T) {
 }
 
 // TestChartInstallUninstall: a real `helm install` on the local control plane creates
-// the release's objects, and `helm uninstall` removes them and keeps the CRD, as Helm
-// keeps the CRDs of crds/. (The control plane has no kubelet: the Pods never run.)
+// the release's objects and takes the CRD that was there (--take-ownership, as an
+// upgrade from a chart that kept it in crds/ does), and `helm uninstall` removes them
+// but keeps the CRD (helm.sh/resource-policy: keep). (The control plane has no
+// kubelet: the Pods never run.)
 func TestChartInstallUninstall(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := newClients(t)
 	const release, ns = "student-controller-it", "student-controller-helm-it"
 	// The test control plane already has the admission policy, outside any release.
-	helm(ctx, t, "install", release, chartDir, "--namespace", ns, "--create-namespace",
+	helm(ctx, t, "install", release, chartDir, "--namespace", ns, "--create-namespace", "--take-ownership",
 		"--set", "admissionPolicy.enabled=false", "--set", "registry.owner=helm-it")
+	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if crd, err := c.dynamic.Resource(crds).Get(ctx, "students.bolingcavalry.k8s.io", metav1.GetOptions{}); err != nil ||
+		crd.GetAnnotations()["meta.helm.sh/release-name"] != release {
+		t.Errorf("the CRD after helm install: %v, annotations %v; want it the release's", err, crd.GetAnnotations())
+	}
 	deployment := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
 	clusterRole := schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}
 	if _, err := c.dynamic.Resource(deployment).Namespace(ns).Get(ctx, release, metav1.GetOptions{}); err != nil {

@@ -295,7 +295,7 @@ func TestPostgresHelm(t *testing.T) {
 	cleanupInstall(t, "helm", "student-controller", systemNamespace)
 	restrictedNamespace(t, systemNamespace)
 	pg.passwordSecret(t)
-	run(t, "helm", "install", "student-controller", "charts/student-controller", "--namespace", systemNamespace,
+	run(t, "helm", "install", "student-controller", "charts/student-controller", "--namespace", systemNamespace, "--take-ownership",
 		"--set", "image.repository="+image.repository, "--set", "image.digest="+image.digest,
 		"--set", "registry.url="+pg.url, "--set", "registry.passwordSecret.name=student-registry")
 	pods := readyPods(t, systemNamespace, 1, 3*time.Minute)
