@@ -30,7 +30,7 @@
 # Deleting everything at once (kubectl delete -k) can remove the controller before its
 # Students: each keeps its finalizer, Terminating, and so do the CRD and the namespaces
 # that hold them. Step 1 fails after UNINSTALL_TIMEOUT (5m, per namespace of the scope)
-# if the controller is not running; docs/operating.md, "Uninstalling", says how to finish then.
+# if the controller is not running; docs/uninstall.md, says how to finish then.
 set -o errexit -o nounset -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -158,7 +158,7 @@ if crd_exists; then
 	if ! in_scope delete "${CRD}" "${pick[@]}" --wait --timeout="${TIMEOUT}"; then
 		echo >&2
 		echo "uninstall: Students are still Terminating after ${TIMEOUT}: they wait for the controller" >&2
-		echo "to deal with their rows. Is it running? If it is gone, run it again (docs/operating.md, Uninstalling)," >&2
+		echo "to deal with their rows. Is it running? If it is gone, run it again (docs/uninstall.md)," >&2
 		echo "then run this again. Nothing else was deleted." >&2
 		exit 1
 	fi

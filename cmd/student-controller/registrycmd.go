@@ -69,7 +69,7 @@ registry first.
 
 backup copies a SQLite registry to FILE, which must not exist, while controllers go on
 writing: rows and history of one moment. It changes nothing. A PostgreSQL registry is
-backed up with pg_dump (docs/operating.md, "Backup and restore").
+backed up with pg_dump (docs/backup-and-restore.md).
 `
 
 // registryFlags are the registry subcommands' own flags, beside the controller's.

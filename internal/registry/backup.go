@@ -25,7 +25,7 @@ type Copy struct {
 func Backup(ctx context.Context, u URL, path string) (Copy, error) {
 	src := u.src
 	if src.dialect != sqlite {
-		return Copy{}, fmt.Errorf("back up registry %s: a PostgreSQL registry is backed up with pg_dump (docs/operating.md, \"Backup and restore\")", src.display)
+		return Copy{}, fmt.Errorf("back up registry %s: a PostgreSQL registry is backed up with pg_dump (docs/backup-and-restore.md)", src.display)
 	}
 	if _, err := os.Stat(src.path); err != nil {
 		return Copy{}, fmt.Errorf("back up registry %s: %w", src.display, err)

@@ -250,7 +250,7 @@ func (r *Registry) waitForFence(ctx context.Context, owner string, waiting func(
 		}
 		if !said {
 			logger.Error(held, "Waiting: writing nothing while another controller of this owner writes. If it is a clone of this cluster "+
-				"or a second install, stop it or give it its own --registry-owner; see docs/operating.md", "owner", owner, "holder", held.Holder)
+				"or a second install, stop it or give it its own --registry-owner; see docs/backup-and-restore.md, \"A clone, or a DR fail-over\"", "owner", owner, "holder", held.Holder)
 			said = true
 		} else {
 			logger.V(2).Info("Still waiting for the registry owner's write fence", "holder", held.Holder, "for", held.For)

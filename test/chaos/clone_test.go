@@ -47,7 +47,7 @@ func (w *world) clone(ctx context.Context, ph *phaseResult) (healed time.Time, t
 	// The copy cost production its Lease (etcd was down longer than the renew
 	// deadline), and its leader gave the fence back. A clone's controller that starts
 	// before production's writes again takes the free fence: the fence keeps two
-	// writers apart, and cannot tell production from its copy (docs/operating.md). A
+	// writers apart, and cannot tell production from its copy (docs/backup-and-restore.md). A
 	// real snapshot is taken while production runs, so the clone starts beside a
 	// production controller that holds the fence, as here. The leader of before the
 	// copy may still say it holds the fence, then find its Lease lost and give the fence

@@ -46,7 +46,7 @@ func TestHelmInstall(t *testing.T) {
 
 // TestKustomizeInstall: the same with `kubectl apply -k config/registry` (the namespace
 // and the claim) and `kubectl apply -k config/default`, its image set the way
-// docs/operating.md says (kustomize edit set image).
+// docs/install.md says (kustomize edit set image).
 func TestKustomizeInstall(t *testing.T) {
 	dir := overlay(t, "config/default", "")
 	cleanupInstall(t, "kustomize", dir)

@@ -144,7 +144,7 @@ func scrapePod(t *testing.T, pod *corev1.Pod, token string) (int, string) {
 
 func scrapeAt(hostPort, token string) (int, string) {
 	// The controller's certificate is its own, self-made: Prometheus would be given
-	// insecure_skip_verify or a CA, as docs/operating.md says.
+	// insecure_skip_verify or a CA, as docs/install.md says.
 	client := &http.Client{Timeout: 10 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // #nosec G402 -- the controller's self-made certificate
 	return testenv.ScrapeAs(client, "https://"+hostPort+"/metrics", token)

@@ -77,6 +77,6 @@ tell. */}}
 {{- else if eq $name "student-controller" -}}
 student-controller
 {{- else -}}
-{{- fail (printf "registry.owner is empty, and the release %s is not named student-controller: set registry.owner. For a new release, a name of its own (registry.owner=%s) keeps its rows apart from other releases'. For a release that chart 0.1.0 installed, whose rows carry the owner student-controller, set registry.owner=student-controller, or move the rows first with `student-controller registry rename-owner` (docs/operating.md, \"Several releases\")" .Release.Name $name) -}}
+{{- fail (printf "registry.owner is empty, and the release %s is not named student-controller: set registry.owner. For a new release, a name of its own (registry.owner=%s) keeps its rows apart from other releases'. For a release that chart 0.1.0 installed, whose rows carry the owner student-controller, set registry.owner=student-controller, or move the rows first with `student-controller registry rename-owner` (docs/install.md, \"Several releases\")" .Release.Name $name) -}}
 {{- end -}}
 {{- end -}}
