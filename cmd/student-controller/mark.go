@@ -66,13 +66,15 @@ type markKeeper struct {
 	// checked says a check has compared the marks at least once.
 	behind  *atomic.Pointer[string]
 	checked atomic.Bool
-	// failing is the last check's error, until one succeeds.
+	// failing is the last check's refusal by the API server (RBAC that lets the
+	// controller not read or write the ConfigMap), until a check succeeds.
 	failing atomic.Pointer[string]
 }
 
-// Ready is nil unless the registry is behind the cluster's mark, or the last check
-// could not compare them: the Pod is then not ready, and says why. A standby, which
-// checks nothing, is ready.
+// Ready is nil unless the registry is behind the cluster's mark, or the API server
+// refused the last check the ConfigMap (RBAC): the Pod is then not ready, and says
+// why. A registry outage or an API server that does not answer leaves it ready, as
+// readiness never asks the registry; a standby, which checks nothing, is ready.
 func (k *markKeeper) Ready() error {
 	if msg := k.behind.Load(); msg != nil {
 		return errors.New(*msg)
@@ -83,13 +85,14 @@ func (k *markKeeper) Ready() error {
 	return nil
 }
 
-// checkAndKeep runs check and keeps its error for Ready.
+// checkAndKeep runs check and keeps a refusal by the API server for Ready.
 func (k *markKeeper) checkAndKeep(ctx context.Context) error {
 	err := k.check(ctx)
-	if err != nil && ctx.Err() == nil {
+	switch {
+	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
 		msg := err.Error()
 		k.failing.Store(&msg)
-	} else if err == nil {
+	case err == nil:
 		k.failing.Store(nil)
 	}
 	return err

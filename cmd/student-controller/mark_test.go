@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -10,8 +11,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/student-controller/student-controller/internal/controller"
@@ -183,5 +188,40 @@ func drain(r *record.FakeRecorder) []string {
 		default:
 			return events
 		}
+	}
+}
+
+// TestMarkKeeperReadiness: RBAC that refuses the ConfigMap makes the Pod not ready,
+// saying so; a registry that does not answer does not, since readiness never asks the
+// registry.
+func TestMarkKeeperReadiness(t *testing.T) {
+	ctx := context.Background()
+	reg, err := registry.Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "registry.db"), registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.TakeFence(ctx, "stu"); err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset()
+	forbid := true
+	client.PrependReactor("get", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if forbid {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "student-controller-registry-mark", errors.New("RBAC"))
+		}
+		return false, nil, nil
+	})
+	k := &markKeeper{client: client, namespace: "system", name: "student-controller-registry-mark", owner: "stu", reg: reg,
+		metrics: controller.NewMetrics(nil), recorder: record.NewFakeRecorder(10), behind: new(atomic.Pointer[string])}
+	if err := k.checkAndKeep(ctx); err == nil || k.Ready() == nil || !strings.Contains(k.Ready().Error(), "forbidden") {
+		t.Errorf("a check RBAC refuses: %v; Ready %v, want not ready, saying forbidden", err, k.Ready())
+	}
+	forbid = false
+	if err := k.checkAndKeep(ctx); err != nil || k.Ready() != nil {
+		t.Errorf("a check once RBAC allows it: %v; Ready %v, want ready", err, k.Ready())
+	}
+	reg.Close() // the registry stops answering
+	if err := k.checkAndKeep(ctx); err == nil || k.Ready() != nil {
+		t.Errorf("a check while the registry is down: %v; Ready %v, want an error and still ready", err, k.Ready())
 	}
 }

@@ -20,9 +20,12 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// previousRelease is the last commit of version 0.1.0, whose registry schema (4) is
-// the one before this version's: the controller an upgrade starts from.
-const previousRelease = "90fdd8df4ca0d6c4fca639114ad80fffeb49931b"
+// previousRelease is the last commit of version 0.3.0, the release before this one
+// (registry schema 7): the controller an upgrade starts from.
+const (
+	previousRelease = "9fb0238b332e5ab0d2878a6c67022f7f0cd261ab"
+	previousSchema  = 7
+)
 
 // TestUpgradeAndRollback: the previous release fills a registry and a cluster (Delete
 // and Orphan Students, some deleted); this build then runs on the same registry and
@@ -51,8 +54,8 @@ func TestUpgradeAndRollback(t *testing.T) {
 	}
 	waitAllReady(t, ns, 2, time.Minute)
 	db := registrytest.OpenSQLite(t, path)
-	if v := schemaVersion(t, db); v != 4 {
-		t.Fatalf("the previous release left schema %d, want 4", v)
+	if v := schemaVersion(t, db); v != previousSchema {
+		t.Fatalf("the previous release left schema %d, want %d", v, previousSchema)
 	}
 	rowsBefore := sqliteRows(t, db)
 	written := map[string]string{}
@@ -71,7 +74,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 		return code == 200
 	})
 	time.Sleep(3 * time.Second)
-	if v := schemaVersion(t, db); v != 4 {
+	if v := schemaVersion(t, db); v != previousSchema {
 		t.Fatalf("a standby of this build migrated the registry to schema %d under the previous release's leader", v)
 	}
 	stop(t, before)
