@@ -66,6 +66,9 @@ type markKeeper struct {
 	// checked says a check has compared the marks at least once.
 	behind  *atomic.Pointer[string]
 	checked atomic.Bool
+	// confirmed, when set, is called once an operator has confirmed a registry that
+	// was behind (the controller's SweepSoon).
+	confirmed func()
 	// failing is the last check's refusal by the API server (RBAC that lets the
 	// controller not read or write the ConfigMap), until a check succeeds.
 	failing atomic.Pointer[string]
@@ -214,6 +217,9 @@ func (k *markKeeper) check(ctx context.Context) error {
 			"An operator confirmed the registry as it is (its mark %d, the cluster's %d); the sweep lets go of rows again", at, seen)
 	}
 	k.report(ctx, false, mark, mark)
+	if k.confirmed != nil {
+		k.confirmed()
+	}
 	return nil
 }
 

@@ -55,6 +55,8 @@ func TestMarkKeeper(t *testing.T) {
 	}
 	k := &markKeeper{client: client, namespace: namespace, name: name, owner: "stu", reg: reg,
 		metrics: controller.NewMetrics(promReg), recorder: recorder, pod: podRef(), behind: &behind}
+	sweeps := 0
+	k.confirmed = func() { sweeps++ }
 	if k.Behind() == nil {
 		t.Error("Behind before the first check: nil, want an error (not compared yet)")
 	}
@@ -149,6 +151,9 @@ func TestMarkKeeper(t *testing.T) {
 	}
 	if events := drain(recorder); len(events) != 1 || !strings.HasPrefix(events[0], "Normal RegistryBehindConfirmed") {
 		t.Errorf("Events: %q, want one RegistryBehindConfirmed", events)
+	}
+	if sweeps != 1 {
+		t.Errorf("sweeps asked for on confirmation: %d, want 1 (the rows kept may go now)", sweeps)
 	}
 
 	// A ConfigMap of another owner is this owner's from now on, not a mark to be

@@ -151,7 +151,7 @@ func run(ctx context.Context, opts options) error {
 	defer wiring.Shutdown()
 	ctrl := wiring.Controller
 	if keeper != nil {
-		keeper.recorder = wiring.Recorder
+		keeper.recorder, keeper.confirmed = wiring.Recorder, ctrl.SweepSoon
 	}
 	running.Store(ctrl)
 

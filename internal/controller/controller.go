@@ -153,6 +153,8 @@ type Controller struct {
 	write      *writes
 	cfg        Config
 	clock      clock.PassiveClock
+	// sweepNow asks Run's sweep loop for a sweep before its interval is up (SweepSoon).
+	sweepNow chan struct{}
 	// stop ends Run with a cause that leaves this controller nothing to do: the owner
 	// moved to another cluster, or another controller took over the owner's writes.
 	stop context.CancelCauseFunc
@@ -219,9 +221,10 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 		getStudent: func(ctx context.Context, namespace, name string) (*studentv1.Student, error) {
 			return client.BolingcavalryV1().Students(namespace).Get(ctx, name, metav1.GetOptions{})
 		},
-		write: &writes{registry: reg, client: client, recorder: recorder, leading: cfg.Leading, tracer: cfg.Tracer},
-		cfg:   cfg,
-		clock: cfg.Clock,
+		write:    &writes{registry: reg, client: client, recorder: recorder, leading: cfg.Leading, tracer: cfg.Tracer},
+		cfg:      cfg,
+		clock:    cfg.Clock,
+		sweepNow: make(chan struct{}, 1),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter,
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: Name}),
 	}
@@ -316,6 +319,16 @@ func needsSync(oldObj, newObj any) bool {
 	return !ownFinalizerAdded
 }
 
+// SweepSoon asks for a sweep now rather than at the end of the sweep interval (an
+// operator confirmed a registry that was behind: the rows its sweeps kept may go now).
+// Nothing when the sweep is off; one sweep for several asks.
+func (c *Controller) SweepSoon() {
+	select {
+	case c.sweepNow <- struct{}{}:
+	default:
+	}
+}
+
 // Run waits for the informer cache, then runs workers and the periodic sweep until ctx
 // is done. Then it stops taking work, lets the syncs in flight finish (each within
 // SyncTimeout), and returns.
@@ -341,7 +354,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	}
 	if c.cfg.SweepInterval > 0 {
 		wg.Go(func() {
-			wait.JitterUntilWithContext(ctx, func(ctx context.Context) {
+			for ctx.Err() == nil {
 				start := time.Now()
 				result, err := c.Sweep(ctx)
 				c.cfg.Metrics.observeSweep(result, err, time.Since(start))
@@ -352,7 +365,15 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 				if err != nil {
 					utilruntime.HandleErrorWithContext(ctx, err, "Sweep failed; the next one retries")
 				}
-			}, c.cfg.SweepInterval, 0.1, true)
+				// The interval, jittered, from the end of this sweep; or sooner when asked.
+				next := time.NewTimer(wait.Jitter(c.cfg.SweepInterval, 0.1))
+				select {
+				case <-ctx.Done():
+				case <-next.C:
+				case <-c.sweepNow:
+				}
+				next.Stop()
+			}
 		})
 	}
 	if c.cfg.HistoryRetention > 0 {

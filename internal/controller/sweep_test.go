@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -356,5 +358,33 @@ func TestCRDDeletedReleases(t *testing.T) {
 				t.Errorf("finalizers %v: want the Student let go", got)
 			}
 		})
+	}
+}
+
+// TestSweepSoon: SweepSoon brings the next sweep forward, long before the interval.
+func TestSweepSoon(t *testing.T) {
+	f := newFixture(t)
+	f.ctrl.cfg.SweepInterval = time.Hour
+	f.informers.Start(f.ctx.Done())
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.ctrl.Run(ctx, 1) }()
+	sweeps := func() float64 {
+		return testutil.ToFloat64(f.metrics.sweepTotal.WithLabelValues(sweepClean)) + testutil.ToFloat64(f.metrics.sweepTotal.WithLabelValues(sweepRepaired))
+	}
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	waitUntil("the first sweep", func() bool { return sweeps() == 1 })
+	f.ctrl.SweepSoon()
+	waitUntil("the sweep asked for", func() bool { return sweeps() == 2 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
