@@ -96,6 +96,32 @@ image: ## Build the controller's image as an OCI layout in bin/image/oci, no Doc
 	@cd hack/tools/image && go run -trimpath . -binary $(abspath $(IMAGE_DIR))/student-controller -out $(abspath $(IMAGE_DIR))/oci \
 		-version $(VERSION) -revision "$(REVISION)" $(if $(IMAGE_PUSH),-push $(IMAGE_PUSH))
 
+DIST ?= dist
+CYCLONEDX_GOMOD ?= github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
+RELEASE_BUILD = $(abspath $(DIST))/build
+
+.PHONY: release
+release: helm ## Write what a release of VERSION publishes into dist/: the image for linux/amd64 and linux/arm64 as one OCI index (a layout tarball; two runs give one digest), the packaged chart (this version's image, IfNotPresent), an SBOM of the binary (CycloneDX) and SHA256SUMS.
+	@rm -rf $(DIST) && mkdir -p $(RELEASE_BUILD)
+	@for arch in amd64 arm64; do \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
+			-o $(RELEASE_BUILD)/student-controller-linux-$$arch ./cmd/student-controller || exit 1; \
+	done
+	@cd hack/tools/image && go run -trimpath . -out $(RELEASE_BUILD)/oci -version $(VERSION) -revision "$(REVISION)" \
+		-binaries amd64=$(RELEASE_BUILD)/student-controller-linux-amd64,arm64=$(RELEASE_BUILD)/student-controller-linux-arm64 >$(RELEASE_BUILD)/digest
+	@tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C $(RELEASE_BUILD)/oci -cf $(DIST)/student-controller-$(VERSION).oci.tar .
+	@# The packaged chart runs this version's image by its tag, pulled once.
+	@cp -r charts/student-controller $(RELEASE_BUILD)/student-controller
+	@sed -i -e 's/^  pullPolicy: Always$$/  pullPolicy: IfNotPresent/' \
+		-e 's/^  # Always: a restarted Pod checks its pull secret and tag with the registry.$$/  # IfNotPresent: a release tag names one image, pulled once./' \
+		$(RELEASE_BUILD)/student-controller/values.yaml
+	@grep -q '^  pullPolicy: IfNotPresent$$' $(RELEASE_BUILD)/student-controller/values.yaml
+	@bin/tools/helm package $(RELEASE_BUILD)/student-controller --version $(VERSION) --app-version $(VERSION) -d $(DIST) >/dev/null
+	@go run $(CYCLONEDX_GOMOD) app -json -output $(DIST)/student-controller-$(VERSION).sbom.cdx.json -main cmd/student-controller . 2>/dev/null
+	@echo "image index $$(cat $(RELEASE_BUILD)/digest) (linux/amd64, linux/arm64)"
+	@rm -rf $(RELEASE_BUILD)
+	@cd $(DIST) && sha256sum * >SHA256SUMS && cat SHA256SUMS
+
 STATE_DIR ?= .local
 RUN_FLAGS ?=
 

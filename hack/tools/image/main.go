@@ -71,6 +71,8 @@ func main() {
 	title := flag.String("title", "student-controller", "The image's title label.")
 	serve := flag.String("serve", "", "Serve a registry, in memory, at this address instead (host:port).")
 	fromLayout := flag.String("layout", "", "Push the image of this OCI layout (written by an earlier run) to -push instead of building one.")
+	binaries := flag.String("binaries", "", "Build one image for each ARCH=BINARY of this comma-separated list (e.g. amd64=bin/a,arm64=bin/b) "+
+		"and write them as one multi-arch index (-binary and -arch are then unused).")
 	flag.Parse()
 	if *serve != "" {
 		if err := serveRegistry(*serve); err != nil {
@@ -93,6 +95,13 @@ func main() {
 		"org.opencontainers.image.revision": *revision,
 		"org.opencontainers.image.licenses": "Apache-2.0",
 	}}
+	if *binaries != "" {
+		if err := runIndex(*binaries, *out, *version, img); err != nil {
+			fmt.Fprintln(os.Stderr, "image:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*binary, *out, *version, *push, img); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
@@ -186,6 +195,54 @@ func run(binary, out, version, push string, spec image) error {
 	}
 	if push != "" {
 		return pushImage(img, push)
+	}
+	fmt.Println(digest)
+	return nil
+}
+
+// runIndex builds an image for each ARCH=BINARY of list and writes them to out as one
+// OCI image index, whose digest it prints: what a release publishes, reproducible as
+// each image is.
+func runIndex(list, out, version string, spec image) error {
+	if out == "" {
+		return errors.New("-out is required")
+	}
+	created, err := buildTime()
+	if err != nil {
+		return err
+	}
+	var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	for _, pair := range strings.Split(list, ",") {
+		arch, binary, ok := strings.Cut(pair, "=")
+		if !ok || arch == "" || binary == "" {
+			return fmt.Errorf("-binaries: %q is not ARCH=BINARY", pair)
+		}
+		archSpec := spec
+		archSpec.Arch = arch
+		img, err := build(binary, created, archSpec)
+		if err != nil {
+			return err
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{
+			MediaType: types.OCIManifestSchema1,
+			Platform:  &v1.Platform{OS: "linux", Architecture: arch},
+		}})
+	}
+	digest, err := idx.Digest()
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(out); err != nil {
+		return err
+	}
+	path, err := layout.Write(out, empty.Index)
+	if err != nil {
+		return fmt.Errorf("write the OCI layout: %w", err)
+	}
+	if err := path.AppendIndex(idx, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": version,
+	})); err != nil {
+		return fmt.Errorf("write the OCI layout: %w", err)
 	}
 	fmt.Println(digest)
 	return nil

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -81,4 +82,52 @@ func mustHost(t *testing.T, raw string) string {
 		t.Fatal(err)
 	}
 	return u.Host
+}
+
+// TestIndexReproducible: -binaries writes one index of an image per architecture, each
+// with its platform, and two runs over the same binaries give the same index digest.
+func TestIndexReproducible(t *testing.T) {
+	dir := t.TempDir()
+	var list []string
+	for _, arch := range []string{"amd64", "arm64"} {
+		binary := filepath.Join(dir, arch)
+		if err := os.WriteFile(binary, []byte("#!not really a binary for "+arch+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, arch+"="+binary)
+	}
+	spec := image{Entrypoint: "/student-controller", User: "65532:65532", Labels: map[string]string{"org.opencontainers.image.version": "0.0.1"}}
+	digests := map[string]bool{}
+	for _, out := range []string{filepath.Join(dir, "one"), filepath.Join(dir, "two")} {
+		if err := runIndex(strings.Join(list, ","), out, "0.0.1", spec); err != nil {
+			t.Fatal(err)
+		}
+		root, err := layout.ImageIndexFromPath(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		top, err := root.IndexManifest()
+		if err != nil || len(top.Manifests) != 1 {
+			t.Fatalf("the layout's index: %v, %v; want the one image index", top, err)
+		}
+		digests[top.Manifests[0].Digest.String()] = true
+		idx, err := root.ImageIndex(top.Manifests[0].Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := idx.IndexManifest()
+		if err != nil || len(m.Manifests) != 2 || m.Manifests[0].Platform.Architecture != "amd64" || m.Manifests[1].Platform.Architecture != "arm64" {
+			t.Fatalf("the release index: %+v, %v; want amd64 and arm64", m, err)
+		}
+		img, err := idx.Image(m.Manifests[1].Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg, err := img.ConfigFile(); err != nil || cfg.Architecture != "arm64" {
+			t.Errorf("the arm64 image's config: %+v, %v", cfg, err)
+		}
+	}
+	if len(digests) != 1 {
+		t.Errorf("two runs gave index digests %v, want one", digests)
+	}
 }
