@@ -122,6 +122,20 @@ release: helm ## Write what a release of VERSION publishes into dist/: the image
 	@rm -rf $(RELEASE_BUILD)
 	@cd $(DIST) && sha256sum * >SHA256SUMS && cat SHA256SUMS
 
+# make publish REGISTRY=host/path: where the release goes; PUBLISH_HELM_FLAGS, e.g.
+# --plain-http for a registry on loopback.
+REGISTRY ?=
+PUBLISH_HELM_FLAGS ?=
+
+.PHONY: publish
+publish: helm ## Push what make release wrote to an OCI registry: the image index as REGISTRY/student-controller:VERSION and the chart as oci://REGISTRY/charts/student-controller. REGISTRY=host/path.
+	@test -n "$(REGISTRY)" || { echo "make publish: say where, REGISTRY=host/path" >&2; exit 2; }
+	@test -f $(DIST)/student-controller-$(VERSION).oci.tar || { echo "make publish: no $(DIST)/student-controller-$(VERSION).oci.tar; run make release first" >&2; exit 2; }
+	@rm -rf $(RELEASE_BUILD) && mkdir -p $(RELEASE_BUILD)/oci && tar -xf $(DIST)/student-controller-$(VERSION).oci.tar -C $(RELEASE_BUILD)/oci
+	@cd hack/tools/image && go run -trimpath . -layout $(RELEASE_BUILD)/oci -push $(REGISTRY)/student-controller:$(VERSION)
+	@bin/tools/helm push $(DIST)/student-controller-$(VERSION).tgz oci://$(REGISTRY)/charts $(PUBLISH_HELM_FLAGS)
+	@rm -rf $(RELEASE_BUILD)
+
 STATE_DIR ?= .local
 RUN_FLAGS ?=
 

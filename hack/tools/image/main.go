@@ -137,11 +137,38 @@ func pushLayout(dir, push string) error {
 	if len(manifest.Manifests) != 1 {
 		return fmt.Errorf("the OCI layout %s holds %d images, want 1", dir, len(manifest.Manifests))
 	}
+	if manifest.Manifests[0].MediaType.IsIndex() {
+		// A release's multi-arch index (-binaries): pushed whole, its images with it.
+		idx, err := index.ImageIndex(manifest.Manifests[0].Digest)
+		if err != nil {
+			return err
+		}
+		return pushIndex(idx, push)
+	}
 	img, err := index.Image(manifest.Manifests[0].Digest)
 	if err != nil {
 		return err
 	}
 	return pushImage(img, push)
+}
+
+// pushIndex copies idx, and the images it lists, to the reference push and prints its
+// digest.
+func pushIndex(idx v1.ImageIndex, push string) error {
+	digest, err := idx.Digest()
+	if err != nil {
+		return err
+	}
+	ref, err := name.ParseReference(push)
+	if err != nil {
+		return fmt.Errorf("-push %q: %w", push, err)
+	}
+	if err := remote.WriteIndex(ref, idx, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+		return fmt.Errorf("push to %s: %w", ref, err)
+	}
+	fmt.Fprintf(os.Stderr, "pushed %s@%s\n", ref.Context(), digest)
+	fmt.Println(digest)
+	return nil
 }
 
 // pushImage copies img to the reference push and prints its digest.

@@ -131,3 +131,50 @@ func TestIndexReproducible(t *testing.T) {
 		t.Errorf("two runs gave index digests %v, want one", digests)
 	}
 }
+
+// TestPushIndex: -layout with an index layout (-binaries) pushes the index whole: the
+// registry serves it by its tag with both platforms, under the same digest.
+func TestPushIndex(t *testing.T) {
+	server := httptest.NewServer(registry.New())
+	defer server.Close()
+	dir := t.TempDir()
+	var list []string
+	for _, arch := range []string{"amd64", "arm64"} {
+		binary := filepath.Join(dir, arch)
+		if err := os.WriteFile(binary, []byte("#!"+arch+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, arch+"="+binary)
+	}
+	out := filepath.Join(dir, "oci")
+	if err := runIndex(strings.Join(list, ","), out, "0.0.1", image{Entrypoint: "/student-controller", User: "65532:65532"}); err != nil {
+		t.Fatal(err)
+	}
+	ref := mustHost(t, server.URL) + "/student-controller:0.0.1"
+	if err := pushLayout(out, ref); err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulled, err := remote.Index(parsed)
+	if err != nil {
+		t.Fatalf("pull the index %s: %v", ref, err)
+	}
+	m, err := pulled.IndexManifest()
+	if err != nil || len(m.Manifests) != 2 {
+		t.Fatalf("the pushed index: %+v, %v; want two images", m, err)
+	}
+	root, err := layout.ImageIndexFromPath(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, err := root.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := pulled.Digest(); got != top.Manifests[0].Digest {
+		t.Errorf("pushed %s, the layout holds %s", got, top.Manifests[0].Digest)
+	}
+}
