@@ -4,6 +4,8 @@ import (
 	"context"
 	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,8 +20,10 @@ import (
 
 const systemNamespace = "student-controller-system"
 
-// TestHelmInstall: `helm install` with the chart's default values (the image is the
-// one value an operator must give) runs the controller under the restricted Pod
+// TestHelmInstall: `helm install` from a registry, by the chart's version (packaged
+// and pushed to the node's loopback registry, as make publish pushes it), with the
+// chart's default values but the image's digest, which the node pulls from that
+// registry as a cluster does, runs the controller under the restricted Pod
 // Security Standard; it reaches the API server through in-cluster config and writes
 // each Student's row to the SQLite file on its claim. Deleting the Pod loses no row
 // (a released Orphan row included) and the new Pod writes none again. hack/uninstall.sh
@@ -27,9 +31,10 @@ const systemNamespace = "student-controller-system"
 func TestHelmInstall(t *testing.T) {
 	cleanupInstall(t, "helm", "student-controller", systemNamespace)
 	restrictedNamespace(t, systemNamespace)
+	chart := publishChart(t)
 	// The chart renders the CRD; the control plane may have installed it already.
-	out := run(t, "helm", "install", "student-controller", "charts/student-controller", "--namespace", systemNamespace, "--take-ownership",
-		"--set", "image.repository="+image.repository, "--set", "image.digest="+image.digest)
+	out := run(t, "helm", "install", "student-controller", chart.ref, "--version", chart.version, "--plain-http",
+		"--namespace", systemNamespace, "--take-ownership", "--set", "image.repository="+image.repository, "--set", "image.digest="+image.digest)
 	// The chart's notes say where the registry is.
 	if !strings.Contains(out, "a SQLite file on the claim student-controller-registry") {
 		t.Errorf("helm install's notes do not say the registry is on the claim:\n%s", out)
@@ -210,4 +215,22 @@ func assertUninstalled(t *testing.T, out string) {
 		}
 		return len(pods.Items) == 0 && len(students.Items) == 0, nil
 	}, func() string { return "hack/uninstall.sh said:\n" + out })
+}
+
+// publishedChart is the chart as a registry serves it: its OCI reference and version.
+type publishedChart struct{ ref, version string }
+
+// publishChart packages the chart at the repository's VERSION and pushes it to the
+// node's registry, as make publish does.
+func publishChart(t *testing.T) publishedChart {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(cp.Root, "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := strings.TrimSpace(string(b))
+	dir := t.TempDir()
+	run(t, "helm", "package", "charts/student-controller", "--version", version, "--app-version", version, "-d", dir)
+	run(t, "helm", "push", filepath.Join(dir, "student-controller-"+version+".tgz"), "oci://"+nd.Registry+"/charts", "--plain-http")
+	return publishedChart{ref: "oci://" + nd.Registry + "/charts/student-controller", version: version}
 }
