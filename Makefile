@@ -101,7 +101,8 @@ CYCLONEDX_GOMOD ?= github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.1
 RELEASE_BUILD = $(abspath $(DIST))/build
 
 .PHONY: release
-release: helm ## Write what a release of VERSION publishes into dist/: the image for linux/amd64 and linux/arm64 as one OCI index (a layout tarball; two runs give one digest), the packaged chart (this version's image, IfNotPresent), an SBOM of the binary (CycloneDX) and SHA256SUMS.
+release: helm ## Write what a release of VERSION publishes into dist/: the image for linux/amd64 and linux/arm64 as one OCI index (a layout tarball; two runs give one digest), the packaged chart (this version's image, IfNotPresent), an SBOM of each binary (CycloneDX) and SHA256SUMS.
+	@case "$(DIST)" in ""|/*|*..*) echo "make release: DIST=$(DIST): a folder inside the repository, please" >&2; exit 2;; esac
 	@rm -rf $(DIST) && mkdir -p $(RELEASE_BUILD)
 	@for arch in amd64 arm64; do \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
@@ -109,7 +110,9 @@ release: helm ## Write what a release of VERSION publishes into dist/: the image
 	done
 	@cd hack/tools/image && go run -trimpath . -out $(RELEASE_BUILD)/oci -version $(VERSION) -revision "$(REVISION)" \
 		-binaries amd64=$(RELEASE_BUILD)/student-controller-linux-amd64,arm64=$(RELEASE_BUILD)/student-controller-linux-arm64 >$(RELEASE_BUILD)/digest
-	@tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C $(RELEASE_BUILD)/oci -cf $(DIST)/student-controller-$(VERSION).oci.tar .
+	@# Byte for byte the same on any builder: names sorted, times, owners and modes fixed.
+	@tar --format=gnu --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=go-w,a+rX \
+		-C $(RELEASE_BUILD)/oci -cf $(DIST)/student-controller-$(VERSION).oci.tar .
 	@# The packaged chart runs this version's image by its tag, pulled once.
 	@cp -r charts/student-controller $(RELEASE_BUILD)/student-controller
 	@sed -i -e 's/^  pullPolicy: Always$$/  pullPolicy: IfNotPresent/' \
@@ -117,7 +120,13 @@ release: helm ## Write what a release of VERSION publishes into dist/: the image
 		$(RELEASE_BUILD)/student-controller/values.yaml
 	@grep -q '^  pullPolicy: IfNotPresent$$' $(RELEASE_BUILD)/student-controller/values.yaml
 	@bin/tools/helm package $(RELEASE_BUILD)/student-controller --version $(VERSION) --app-version $(VERSION) -d $(DIST) >/dev/null
-	@go run $(CYCLONEDX_GOMOD) app -json -output $(DIST)/student-controller-$(VERSION).sbom.cdx.json -main cmd/student-controller . 2>/dev/null
+	@# One SBOM per binary, of the modules its build links (its platform and tags); the
+	@# tool itself is built for this machine.
+	@GOBIN=$(RELEASE_BUILD) go install $(CYCLONEDX_GOMOD)
+	@for arch in amd64 arm64; do \
+		GOOS=linux GOARCH=$$arch GOFLAGS=-tags=$(GO_TAGS) $(RELEASE_BUILD)/cyclonedx-gomod app -json -noserial \
+			-output $(DIST)/student-controller-$(VERSION)-linux-$$arch.sbom.cdx.json -main cmd/student-controller . || exit 1; \
+	done
 	@echo "image index $$(cat $(RELEASE_BUILD)/digest) (linux/amd64, linux/arm64)"
 	@rm -rf $(RELEASE_BUILD)
 	@cd $(DIST) && sha256sum * >SHA256SUMS && cat SHA256SUMS
@@ -130,7 +139,9 @@ PUBLISH_HELM_FLAGS ?=
 .PHONY: publish
 publish: helm ## Push what make release wrote to an OCI registry: the image index as REGISTRY/student-controller:VERSION and the chart as oci://REGISTRY/charts/student-controller. REGISTRY=host/path.
 	@test -n "$(REGISTRY)" || { echo "make publish: say where, REGISTRY=host/path" >&2; exit 2; }
-	@test -f $(DIST)/student-controller-$(VERSION).oci.tar || { echo "make publish: no $(DIST)/student-controller-$(VERSION).oci.tar; run make release first" >&2; exit 2; }
+	@# Only a finished release, as its sums say: never an image without its chart.
+	@test -f $(DIST)/SHA256SUMS -a -f $(DIST)/student-controller-$(VERSION).tgz || { echo "make publish: no finished release of $(VERSION) in $(DIST); run make release first" >&2; exit 2; }
+	@cd $(DIST) && sha256sum --check --quiet SHA256SUMS
 	@rm -rf $(RELEASE_BUILD) && mkdir -p $(RELEASE_BUILD)/oci && tar -xf $(DIST)/student-controller-$(VERSION).oci.tar -C $(RELEASE_BUILD)/oci
 	@cd hack/tools/image && go run -trimpath . -layout $(RELEASE_BUILD)/oci -push $(REGISTRY)/student-controller:$(VERSION)
 	@bin/tools/helm push $(DIST)/student-controller-$(VERSION).tgz oci://$(REGISTRY)/charts $(PUBLISH_HELM_FLAGS)

@@ -354,6 +354,10 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	}
 	if c.cfg.SweepInterval > 0 {
 		wg.Go(func() {
+			select {
+			case <-c.sweepNow: // the first sweep is now anyway
+			default:
+			}
 			for ctx.Err() == nil {
 				start := time.Now()
 				result, err := c.Sweep(ctx)

@@ -20,10 +20,10 @@ import (
 
 const systemNamespace = "student-controller-system"
 
-// TestHelmInstall: `helm install` from a registry, by the chart's version (packaged
-// and pushed to the node's loopback registry, as make publish pushes it), with the
-// chart's default values but the image's digest, which the node pulls from that
-// registry as a cluster does, runs the controller under the restricted Pod
+// TestHelmInstall: `helm install` from a registry, by the chart's version (the chart's
+// folder packaged at VERSION and pushed to the node's loopback registry with helm
+// push, as make publish pushes make release's), with the chart's default values but
+// the image's digest, which the node pulls from that registry as a cluster does, runs the controller under the restricted Pod
 // Security Standard; it reaches the API server through in-cluster config and writes
 // each Student's row to the SQLite file on its claim. Deleting the Pod loses no row
 // (a released Orphan row included) and the new Pod writes none again. hack/uninstall.sh
