@@ -143,19 +143,22 @@ func pushLayout(dir, push string) error {
 		if err != nil {
 			return err
 		}
-		return pushIndex(idx, push)
+		return pushTo(idx, push)
 	}
 	img, err := index.Image(manifest.Manifests[0].Digest)
 	if err != nil {
 		return err
 	}
-	return pushImage(img, push)
+	return pushTo(img, push)
 }
 
-// pushIndex copies idx, and the images it lists, to the reference push and prints its
-// digest.
-func pushIndex(idx v1.ImageIndex, push string) error {
-	digest, err := idx.Digest()
+// pushTo copies an image or an index (with its images) to the reference push, whole,
+// and prints its digest.
+func pushTo(t interface {
+	remote.Taggable
+	Digest() (v1.Hash, error)
+}, push string) error {
+	digest, err := t.Digest()
 	if err != nil {
 		return err
 	}
@@ -163,25 +166,7 @@ func pushIndex(idx v1.ImageIndex, push string) error {
 	if err != nil {
 		return fmt.Errorf("-push %q: %w", push, err)
 	}
-	if err := remote.WriteIndex(ref, idx, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
-		return fmt.Errorf("push to %s: %w", ref, err)
-	}
-	fmt.Fprintf(os.Stderr, "pushed %s@%s\n", ref.Context(), digest)
-	fmt.Println(digest)
-	return nil
-}
-
-// pushImage copies img to the reference push and prints its digest.
-func pushImage(img v1.Image, push string) error {
-	digest, err := img.Digest()
-	if err != nil {
-		return err
-	}
-	ref, err := name.ParseReference(push)
-	if err != nil {
-		return fmt.Errorf("-push %q: %w", push, err)
-	}
-	if err := remote.Write(ref, img, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+	if err := remote.Push(ref, t, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
 		return fmt.Errorf("push to %s: %w", ref, err)
 	}
 	fmt.Fprintf(os.Stderr, "pushed %s@%s\n", ref.Context(), digest)
@@ -221,7 +206,7 @@ func run(binary, out, version, push string, spec image) error {
 		return fmt.Errorf("write the OCI layout: %w", err)
 	}
 	if push != "" {
-		return pushImage(img, push)
+		return pushTo(img, push)
 	}
 	fmt.Println(digest)
 	return nil
