@@ -2,8 +2,10 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -231,6 +233,51 @@ func TestTakeBack(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"Warning RowTakenBack", "Warning RowReleased", "Warning RowOwnedElsewhere"}, f.events()); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// TestUndoBoundHoldsAcrossWorkers: workers sync in parallel, and the bound holds for
+// all of them together. Eight Students whose rows the history says were deleted,
+// synced at once with a bound of one: one row is written again, seven Students
+// refused. (A check before the write and a count after it let several workers pass
+// the last undo: a clone's controller wrote both of two deleted rows with a bound of
+// one.)
+func TestUndoBoundHoldsAcrossWorkers(t *testing.T) {
+	var all []*studentv1.Student
+	for i := range 8 {
+		all = append(all, newStudent(fmt.Sprintf("s%d", i), withFinalizer, synced(start)))
+	}
+	f := newFixture(t, all...)
+	f.ctrl.cfg.MaxRewinds = 1
+	for _, s := range all {
+		f.put(recordOf(owner, s))
+		if _, err := f.registry.Delete(f.ctx, string(s.UID), owner, registry.CauseFinalizer); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	refused := make(chan string, len(all))
+	for _, s := range all {
+		wg.Go(func() {
+			<-gate
+			var term *terminalError
+			switch err := f.ctrl.sync(f.ctx, s.Namespace+"/"+s.Name); {
+			case errors.As(err, &term):
+				refused <- s.Name
+			case err != nil:
+				t.Errorf("sync %s: %v", s.Name, err)
+			}
+		})
+	}
+	close(gate)
+	wg.Wait()
+	close(refused)
+	if rows := f.rows(); len(rows) != 1 || len(refused) != len(all)-1 {
+		t.Errorf("%d rows written again and %d Students refused, want 1 and %d: %v", len(rows), len(refused), len(all)-1, rows)
+	}
+	if got := f.ctrl.rewound.Load(); got != 1 {
+		t.Errorf("undos counted: %d, want 1", got)
 	}
 }
 

@@ -166,9 +166,10 @@ type Controller struct {
 	// logged when it first shows up here. Only Sweep, which never runs twice at once,
 	// touches it.
 	malformed map[string]bool
-	// rewound counts the rows taken back to their Students since the controller was
-	// made (the process started), against Config.MaxRewinds: rows ahead rewound, and
-	// released rows taken back.
+	// rewound counts the rows of production's past undone since the controller was
+	// made (the process started), against Config.MaxRewinds: rows ahead rewound,
+	// released rows taken back, deleted rows written again, and those being written
+	// (takeUndo).
 	rewound atomic.Int64
 }
 

@@ -196,6 +196,10 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 	}
 	row, err = c.write.upsert(ctx, want, why)
 	ahead := errors.Is(err, registry.ErrStale)
+	if recreate != nil && err != nil {
+		c.giveUndoBack() // not written again (a row ahead is registryAhead's to count)
+		recreate = nil
+	}
 	if ahead {
 		row, err = c.registryAhead(ctx, s, want)
 	}
@@ -214,7 +218,6 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		c.cfg.Metrics.observeRow(rowUpdated)
 		return row, "", nil
 	case recreate != nil:
-		c.rewound.Add(1)
 		c.cfg.Metrics.observeUndone(undoneRecreated)
 		c.write.warn(s, EventRowRecreated, fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s) while "+
 			"the Student is live here: the cluster went back in time or is a clone. The row is written again from the Student",

@@ -45,14 +45,14 @@ func (c *Controller) registryAhead(ctx context.Context, s *studentv1.Student, wa
 	if row.Generation <= want.Generation {
 		return row, fmt.Errorf("row %s changed since the write was refused: %w", row.UID, registry.ErrStale)
 	}
-	if c.rewound.Load() >= int64(c.cfg.MaxRewinds) {
+	if !c.takeUndo() {
 		return row, c.refuseRewind(ctx, s, row, want)
 	}
 	rewound, err := c.write.rewind(ctx, want, row.Generation)
 	if err != nil {
+		c.giveUndoBack()
 		return row, err
 	}
-	c.rewound.Add(1)
 	c.cfg.Metrics.observeRegistryAhead()
 	msg := fmt.Sprintf("The registry row held generation %d, newer than this Student's %d: the cluster went back to an earlier state "+
 		"(etcd restored from a backup) or the row was changed by hand. The row follows the Student again: %s, %s",
@@ -76,7 +76,7 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 		return row, "", cmp.Or(err, errStudentGone)
 	}
 	want = recordOf(want.Owner, live)
-	if c.rewound.Load() >= int64(c.cfg.MaxRewinds) {
+	if !c.takeUndo() {
 		msg := fmt.Sprintf("The registry row of this Student was released by this controller (%s) at %s, and this controller has "+
 			"taken back %d rows since it started, its bound (--registry-max-rewinds): so many looks like a cluster gone back in "+
 			"time wholesale or a clone, not one Student restored. Nothing was written. If this cluster is the one the registry "+
@@ -86,6 +86,9 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 			fmt.Errorf("row %s was released and is past the bound of rows taken back: %w", row.UID, registry.ErrNotOwned))
 	}
 	taken, err := c.write.takeBack(ctx, want, registry.CauseTakenBack)
+	if err != nil {
+		c.giveUndoBack()
+	}
 	switch {
 	case errors.Is(err, registry.ErrNotOwned), errors.Is(err, registry.ErrObserved):
 		return row, "", c.ownedElsewhere(ctx, s, err)
@@ -94,7 +97,6 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 	case err != nil:
 		return row, "", c.registryFailed(ctx, s, err)
 	}
-	c.rewound.Add(1)
 	c.cfg.Metrics.observeRow(rowRestored)
 	c.cfg.Metrics.observeUndone(undoneTakenBack)
 	msg := fmt.Sprintf("The registry row was released by this controller (%s) at %s while this Student still exists "+
@@ -111,10 +113,11 @@ func (c *Controller) takeBack(ctx context.Context, s *studentv1.Student, want, r
 // cluster this controller watches went back in time (an etcd restore) or is a clone
 // of one that went on (a snapshot restored elsewhere, which takes the fence while
 // production's controller restarts). Writing it again undoes production's past, so it
-// counts against Config.MaxRewinds with the rows rewound and taken back, once written
-// (the history row of the delete is returned for that); past the bound the Student
-// says so (RowDeleted) and nothing is written. A row missing for any other reason
-// (deleted by hand, a backup without it) is restored as before: nil, nil.
+// counts against Config.MaxRewinds with the rows rewound and taken back: the history
+// row of the delete is returned with one undo taken, which the caller gives back if
+// its write fails. Past the bound the Student says so (RowDeleted) and nothing is
+// written. A row missing for any other reason (deleted by hand, a backup without it)
+// is restored as before: nil, nil.
 func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) (*registry.HistoryEntry, error) {
 	last, ok, err := c.rows.LastHistory(ctx, s.Namespace, s.Name, RowUID(s))
 	switch {
@@ -123,7 +126,7 @@ func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) (*re
 	case !ok || last.Action != registry.ActionDeleted:
 		return nil, nil
 	}
-	if c.rewound.Load() >= int64(c.cfg.MaxRewinds) {
+	if !c.takeUndo() {
 		msg := fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s), and this controller has undone %d "+
 			"rows since it started, its bound (--registry-max-rewinds): so many looks like a clone of the cluster, or a cluster "+
 			"gone back in time, writing to production's registry. Nothing was written. If this cluster is the one the registry "+
@@ -134,6 +137,24 @@ func (c *Controller) mayRecreate(ctx context.Context, s *studentv1.Student) (*re
 	}
 	return &last, nil
 }
+
+// takeUndo takes one of the Config.MaxRewinds undos for a write about to be made; it
+// takes none and returns false once all are taken. Workers sync in parallel: a check
+// before the write and a count after it would let each of them pass the last undo.
+func (c *Controller) takeUndo() bool {
+	for {
+		n := c.rewound.Load()
+		if n >= int64(c.cfg.MaxRewinds) {
+			return false
+		}
+		if c.rewound.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// giveUndoBack returns an undo that takeUndo took for a write that failed.
+func (c *Controller) giveUndoBack() { c.rewound.Add(-1) }
 
 // refuseRewind reports a row ahead that this controller does not take back: it has
 // taken back Config.MaxRewinds rows since it started. So many rows ahead of their

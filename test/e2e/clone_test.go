@@ -2,13 +2,17 @@ package e2e
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -18,6 +22,7 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
+	studentclient "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/typed/bolingcavalry/v1"
 )
 
 // TestClone: a clone of the cluster (a second control plane started from a copy of
@@ -26,8 +31,11 @@ import (
 // them apart: the clone keeps kube-system's UID. The registry's write fence can: while
 // production's controller holds it, the clone's waits, not Ready, naming the holder,
 // and writes nothing, whatever its Students do. Once production's controller is gone
-// (killed: after the fence's lease runs out), the clone's takes over; a controller
-// that stops gracefully hands the fence over at once.
+// (killed: after the fence's lease runs out), the clone's takes over: it undoes at
+// most --registry-max-rewinds rows of production's past (a row production wrote
+// since the snapshot rewound, rows of Students production deleted since written
+// again), and past the bound its Students say why and nothing is written. A
+// controller that stops gracefully hands the fence over at once.
 func TestClone(t *testing.T) {
 	t.Parallel() // a control plane of its own
 	ctx := context.Background()
@@ -40,13 +48,17 @@ func TestClone(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "registry.db")
 	db := registrytest.OpenSQLite(t, path)
 	const lease = 4 * time.Second
-	args := func(kubeconfig string) []string {
-		return []string{"--kubeconfig", kubeconfig, "--registry", "sqlite://" + path, "--registry-owner", owner,
-			"--sweep-interval", "2s", "--registry-fence-lease", lease.String()}
+	// maxUndos is the clone's --registry-max-rewinds: of the three rows of production's
+	// past it finds (r1 ahead, d1 and d2 deleted), it undoes one.
+	const maxUndos = 1
+	args := func(kubeconfig string, extra ...string) []string {
+		return append([]string{"--kubeconfig", kubeconfig, "--registry", "sqlite://" + path, "--registry-owner", owner,
+			"--sweep-interval", "2s", "--registry-fence-lease", lease.String()}, extra...)
 	}
 	prodCtrl := startProcess(t, "production", args(prod.Kubeconfig)...)
-	uids := createAll(t, prodStudents, map[string]studentv1.DeletionPolicy{"r1": "Delete", "r2": "Delete", "r3": "Delete"})
-	waitAllReadyIn(t, prodStudents, 3, time.Minute)
+	uids := createAll(t, prodStudents, map[string]studentv1.DeletionPolicy{"r1": "Delete", "r2": "Delete", "r3": "Delete",
+		"d1": "Delete", "d2": "Delete"})
+	waitAllReadyIn(t, prodStudents, 5, time.Minute)
 
 	// The clone: production's etcd data, copied while its etcd is stopped, under a
 	// control plane of its own.
@@ -59,9 +71,20 @@ func TestClone(t *testing.T) {
 		t.Fatalf("the clone's kube-system UID %s, production's %s: want one, as a restored snapshot keeps it", b, a)
 	}
 	cloneStudents := versioned.NewForConfigOrDie(clone.Config).BolingcavalryV1().Students(ns)
-	waitAllReadyIn(t, cloneStudents, 3, time.Minute)
+	waitAllReadyIn(t, cloneStudents, 5, time.Minute)
+	// Production goes on after the snapshot: d1 and d2 deleted, rows and all.
+	for _, name := range []string{"d1", "d2"} {
+		if err := prodStudents.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRows(t, db, "d1's and d2's rows deleted by production", func(rows map[string]row) bool {
+		_, d1 := rows[uids["d1"]]
+		_, d2 := rows[uids["d2"]]
+		return !d1 && !d2
+	})
 
-	cloneCtrl := startProcess(t, "clone", args(clone.Kubeconfig)...)
+	cloneCtrl := startProcess(t, "clone", args(clone.Kubeconfig, "--registry-max-rewinds", strconv.Itoa(maxUndos))...)
 	waitFor(t, 30*time.Second, "the clone's controller to wait, not ready, naming the holder", func() bool {
 		code, body, _ := get("http://" + cloneCtrl.ProbeAddr + "/readyz")
 		return code == 503 && strings.Contains(body, "holds the registry's write fence")
@@ -106,6 +129,7 @@ func TestClone(t *testing.T) {
 	if took := time.Since(killed); took > lease+15*time.Second {
 		t.Errorf("the clone took over %v after the kill, want within the lease (%v) and a sync", took, lease)
 	}
+	checkCloneUndoBound(t, db, cloneStudents, cloneCtrl, uids, maxUndos)
 
 	// A controller that stops gracefully hands the fence over at once.
 	prodAgain := startProcess(t, "production-again", args(prod.Kubeconfig)...)
@@ -128,6 +152,58 @@ func TestClone(t *testing.T) {
 	if !strings.Contains(cloneCtrl.Output(), "Gave back the registry owner's write fence") {
 		t.Errorf("the clone's controller did not say it gave the fence back:\n%s", cloneCtrl.Output())
 	}
+}
+
+// checkCloneUndoBound checks what a clone's controller did with the rows of
+// production's past it found once it held the fence: r1 ahead of the clone's Student,
+// d1 and d2 deleted by production since the snapshot. It undoes maxUndos of them (r1
+// rewound to the clone's Student, d1 or d2 written again); the others' Students are
+// Ready=False saying why (RegistryAhead, RowDeleted), their rows untouched, and each
+// refusal counted for the StudentRegistryRewritesRefused alert.
+func checkCloneUndoBound(t *testing.T, db *sql.DB, students studentclient.StudentInterface, ctrl *process, uids map[string]string, maxUndos int) {
+	t.Helper()
+	refusedReason := map[string]string{"r1": studentv1.ReasonRegistryAhead, "d1": studentv1.ReasonRowDeleted, "d2": studentv1.ReasonRowDeleted}
+	var undone, refused, seen []string
+	done := func() bool {
+		undone, refused, seen = nil, nil, nil
+		rows := sqliteRows(t, db)
+		for name, reason := range refusedReason {
+			s, err := students.Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ready := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady)
+			r, ok := rows[uids[name]]
+			seen = append(seen, fmt.Sprintf("%s: row %+v (%v), Ready %+v", name, r, ok, ready))
+			switch {
+			case ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == reason:
+				refused = append(refused, name)
+			case ok && r == row{owner, s.Spec.School, s.Generation} && ready != nil && ready.Status == metav1.ConditionTrue:
+				undone = append(undone, name)
+			}
+		}
+		return len(undone) == maxUndos && len(refused) == len(refusedReason)-maxUndos
+	}
+	for deadline := time.Now().Add(time.Minute); !done(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a minute, want %d of the clone's 3 undos done and the rest refused:\n%s", maxUndos, strings.Join(seen, "\n"))
+		}
+	}
+	rows := sqliteRows(t, db)
+	for _, name := range refused {
+		r, ok := rows[uids[name]]
+		switch {
+		case name == "r1" && r != row{owner, "production's school", 2}:
+			t.Errorf("r1's row after its rewind was refused: %+v, want production's", r)
+		case name != "r1" && ok:
+			t.Errorf("%s's row after writing it again was refused: %+v, want none", name, r)
+		}
+	}
+	_, body, err := get("http://" + ctrl.MetricsAddr + "/metrics")
+	if got := testenv.MetricSum(body, "student_controller_registry_rewrites_refused_total", nil); err != nil || got < float64(len(refused)) {
+		t.Errorf("student_controller_registry_rewrites_refused_total %v (%v), want at least %d: the refusals %v", got, err, len(refused), refused)
+	}
+	t.Logf("the clone's controller undid %v and refused %v", undone, refused)
 }
 
 // uidOfCluster is the UID of a control plane's kube-system namespace.
