@@ -46,7 +46,8 @@ const (
 )
 
 // The faults, in the order a run strikes them. Each strikes during a bulk of creates,
-// updates and deletes, after a third of its requests.
+// updates and deletes, after a third of its requests (faultRegistryRestored after two
+// thirds).
 const (
 	faultControllersKilled   = "controller SIGKILLed (both replicas), mid-bulk"
 	faultAPIServerStopped    = "kube-apiserver stopped (SIGTERM), restarted"
@@ -58,11 +59,12 @@ const (
 	faultControllersOnDelete = "controller SIGKILLed (both replicas) while deletes arrive"
 	faultLeaderStopped       = "leader stopped (SIGTERM), hands the Lease and the registry's fence over"
 	faultClone               = "a clone of the cluster runs a controller on the same registry and owner"
+	faultRegistryRestored    = "registry put back from a backup of the bulk's start, controller scaled to zero meanwhile; an operator confirms"
 )
 
 func schedule(postgres bool) []string {
 	faults := []string{faultControllersKilled, faultAPIServerStopped, faultEtcdKilled, faultLeaderKilled, faultLeaderStopped,
-		faultClone, faultAPIServerKilled}
+		faultClone, faultRegistryRestored, faultAPIServerKilled}
 	if postgres {
 		faults = append(faults, faultPostgresKilled)
 	}
@@ -117,6 +119,11 @@ type world struct {
 	env      []string
 	loader   *loader
 	checker  *checker
+	// registryURL is the controllers' --registry; db the run's own connection to it.
+	registryURL string
+	db          *database
+	// backup is the one taken as the bulk of faultRegistryRestored began.
+	backup *backup
 }
 
 func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
@@ -151,11 +158,13 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	var registryURL string
 	var env []string
 	var db *sql.DB
+	w.db = &database{}
 	switch reg {
 	case "sqlite":
 		path := filepath.Join(dir, "registry.db")
 		registryURL = "sqlite://" + path
-		db, err = sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+		w.db.open = func() (*sql.DB, error) { return sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)") }
+		db, err = w.db.open()
 	case "postgres":
 		if w.pg, err = pgtest.Start(ctx); err != nil {
 			t.Fatal(err)
@@ -175,7 +184,9 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { db.Close() })
+	w.db.p.Store(db)
+	w.registryURL = registryURL
+	t.Cleanup(func() { w.db.get().Close() })
 	others, err := seedOtherOwner(ctx, registryURL, db)
 	if err != nil {
 		t.Fatal(err)
@@ -220,10 +231,10 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	w.loader = &loader{client: versioned.NewForConfigOrDie(loaderConfig), rnd: rand.New(rand.NewPCG(uint64(n), 13))}
 	watchCtx, stopWatching := context.WithCancel(ctx)
 	defer stopWatching()
-	watcher := &generationWatcher{db: db}
+	watcher := &generationWatcher{db: w.db}
 	go watcher.run(watchCtx, 250*time.Millisecond)
 	w.checker = &checker{
-		client: client, db: db, owner: owner, others: others, watcher: watcher,
+		client: client, db: w.db, owner: owner, others: others, watcher: watcher,
 		students: func() []*student { return w.loader.all },
 		logs:     w.ctrl.logProblems,
 	}
@@ -243,8 +254,13 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 		ph := w.phase(ctx, fault, ops, start)
 		ph.Requests = counts
 		res.Phases = append(res.Phases, ph)
-		t.Logf("%s: struck at %v, healed after %v, load took %v, invariants held again after %v (API writes %d, row writes %d)",
-			fault, ph.StruckAt, ph.Outage, ph.LoadTook, ph.Recovery, ph.APIWrites, ph.RowWrites)
+		var restored string
+		if fault == faultRegistryRestored {
+			restored = fmt.Sprintf("; the backup put back left %d rows to write back, %d to release, %d released rows lost",
+				ph.RowsToWriteBack, ph.RowsToRelease, ph.RowsLost)
+		}
+		t.Logf("%s: struck at %v, healed after %v, load took %v, invariants held again after %v (API writes %d, row writes %d)%s",
+			fault, ph.StruckAt, ph.Outage, ph.LoadTook, ph.Recovery, ph.APIWrites, ph.RowWrites, restored)
 		if !ph.Held {
 			t.Errorf("%s: invariants did not all hold within %v: %v", fault, recoveryLimit, ph.Violations)
 			break
@@ -272,20 +288,36 @@ func runChaos(t *testing.T, root, bin, reg string, n int) *runResult {
 	return res
 }
 
-// phase runs one bulk, strikes fault after a third of its requests, and waits until
-// every invariant holds again.
+// phase runs one bulk, strikes fault after a third of its requests (two thirds for
+// a backup put back), and waits until every invariant holds again.
 func (w *world) phase(ctx context.Context, fault string, ops []op, runStart time.Time) phaseResult {
 	ph := phaseResult{Fault: fault}
+	if fault == faultRegistryRestored {
+		var err error
+		if w.backup, err = w.takeBackup(ctx); err == nil {
+			err = w.waitMarkPast(ctx, w.backup)
+		}
+		if err != nil {
+			w.t.Fatalf("%s: %v", fault, err)
+		}
+	}
 	loadStart := time.Now()
 	loadDone := make(chan error, 1)
 	var loadTook time.Duration
+	w.loader.start()
 	go func() {
 		err := w.loader.run(ctx, ops, 8)
 		loadTook = time.Since(loadStart)
 		loadDone <- err
 	}()
 
-	for w.loader.done.Load() < int64(len(ops)/3) && len(loadDone) == 0 {
+	strikeAt := len(ops) / 3
+	if fault == faultRegistryRestored {
+		// Two thirds: Students deleted before the controller goes down leave rows the
+		// backup puts back; the last third arrives while it is down.
+		strikeAt = 2 * len(ops) / 3
+	}
+	for w.loader.done.Load() < int64(strikeAt) && len(loadDone) == 0 {
 		time.Sleep(20 * time.Millisecond)
 	}
 	struck := time.Now()
@@ -419,6 +451,10 @@ func (w *world) strike(ctx context.Context, fault string, ph *phaseResult) (heal
 
 	case faultClone:
 		return w.clone(ctx, ph)
+
+	case faultRegistryRestored:
+		healed, err := w.restoreBackup(ctx, w.backup, ph)
+		return healed, 0, err
 
 	case faultLeaderPaused:
 		leader, _, err := w.ctrl.waitLeader(ctx, nil, time.Minute)

@@ -22,7 +22,7 @@ const (
 	invUpdates    = "every accepted update in its object and row"
 	invNotLost    = "no Student lost"
 	invDeleted    = "every deleted Student gone, none Terminating"
-	invDeletedRow = "every deleted Student's row deleted (Delete) or released (Orphan)"
+	invDeletedRow = "every deleted Student's row deleted (Delete) or released (Orphan); released, whatever its policy, if an older backup put it back owned"
 	invNoOrphans  = "no owned row without a Student"
 	invOthers     = "no other owner's row touched"
 	invMonotonic  = "no row went back in generation"
@@ -113,12 +113,15 @@ func (v violations) add(inv, format string, args ...any) {
 // checker checks the invariants against the API server and the registry.
 type checker struct {
 	client   versioned.Interface
-	db       *sql.DB
+	db       *database
 	owner    string
 	students func() []*student
 	others   map[string]row // the other owner's rows as seeded
 	watcher  *generationWatcher
 	logs     func() []string
+	// restored is what an older backup, put back, left of the deleted Students' rows;
+	// nil until one is.
+	restored *restoredRows
 }
 
 // check reads every Student and every row once and returns what breaks an invariant.
@@ -127,11 +130,12 @@ func (c *checker) check(ctx context.Context) (violations, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list Students: %w", err)
 	}
-	rows, err := readRows(ctx, c.db)
+	db := c.db.get()
+	rows, err := readRows(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("read the registry: %w", err)
 	}
-	history, err := readHistory(ctx, c.db)
+	history, err := readHistory(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("read the registry's history: %w", err)
 	}
@@ -175,6 +179,22 @@ func (c *checker) check(ctx context.Context) (violations, error) {
 		if deleted {
 			if obj != nil && obj.DeletionTimestamp == nil {
 				v.add(invDeleted, "%s: deleted, still there", key)
+			}
+			switch {
+			case c.restored != nil && c.restored.ownedWithoutStudent[uid]:
+				// Its row came back with the backup, owned, its Student gone for good:
+				// absence releases it (once an operator confirms), never deletes it.
+				if !hasRow || r.owner != "" || r.releasedAt == "" {
+					v.add(invDeletedRow, "%s (%s): deleted before an older backup was put back with its row owned: want the row released, have %+v (row: %v)",
+						key, s.policy, r.fields(), hasRow)
+				}
+				continue
+			case c.restored != nil && c.restored.lost[uid]:
+				// The backup did not hold its row: the restore lost it, not the controller.
+				if hasRow && (r.owner != "" || r.releasedAt == "") {
+					v.add(invDeletedRow, "%s (Orphan): its row was not in the backup put back, yet the registry has it owned: %+v", key, r.fields())
+				}
+				continue
 			}
 			switch {
 			case s.policy == studentv1.DeletionPolicyDelete && hasRow:
@@ -257,12 +277,16 @@ func (r row) fields() string {
 // generationWatcher reads the registry over and over while the run goes on and
 // remembers any row whose generation went down from one read to a later one.
 type generationWatcher struct {
-	db *sql.DB
+	db *database
 
 	mu    sync.Mutex
 	max   map[string]int64
 	found []string
 	reads int
+	// paused: the registry is being put back from a backup (pause, resume); epoch
+	// changes with each, so that a read begun before one is not compared after it.
+	paused bool
+	epoch  int
 }
 
 func (w *generationWatcher) run(ctx context.Context, every time.Duration) {
@@ -272,11 +296,21 @@ func (w *generationWatcher) run(ctx context.Context, every time.Duration) {
 			return
 		case <-time.After(every):
 		}
-		rows, err := readRows(ctx, w.db)
+		w.mu.Lock()
+		paused, epoch := w.paused, w.epoch
+		w.mu.Unlock()
+		if paused {
+			continue
+		}
+		rows, err := readRows(ctx, w.db.get())
 		if err != nil {
 			continue // the registry is down: a fault, or the end
 		}
 		w.mu.Lock()
+		if w.epoch != epoch {
+			w.mu.Unlock()
+			continue
+		}
 		w.reads++
 		if w.max == nil {
 			w.max = map[string]int64{}
@@ -289,6 +323,24 @@ func (w *generationWatcher) run(ctx context.Context, every time.Duration) {
 		}
 		w.mu.Unlock()
 	}
+}
+
+// pause stops the watcher looking while the registry is put back from a backup, whose
+// rows go back in generation as they should.
+func (w *generationWatcher) pause() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.paused = true
+	w.epoch++
+}
+
+// resume starts the watcher again from the registry as it now is.
+func (w *generationWatcher) resume() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.paused = false
+	w.max = nil
+	w.epoch++
 }
 
 // count says how many times the watcher has read the registry.

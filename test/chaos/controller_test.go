@@ -26,6 +26,10 @@ type controllers struct {
 	replicas []*replica
 	stopping atomic.Bool
 	wg       sync.WaitGroup
+	// held, under mu, keeps the supervisors from starting any replica: an operator
+	// has scaled the controller down (hold).
+	mu   sync.Mutex
+	held bool
 }
 
 // startControllers runs n replicas of bin with args, logging into dir.
@@ -58,7 +62,7 @@ func (cs *controllers) supervise(r *replica) {
 		r.exits.Add(1)
 		time.Sleep(time.Second)
 		for !cs.stopping.Load() {
-			if err := r.Start(); err == nil {
+			if cs.start(r) {
 				break
 			}
 			time.Sleep(time.Second)
@@ -67,6 +71,33 @@ func (cs *controllers) supervise(r *replica) {
 			return
 		}
 	}
+}
+
+// start starts r again unless the replicas are held down: whether it did.
+func (cs *controllers) start(r *replica) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return !cs.held && r.Start() == nil
+}
+
+// hold stops every replica (SIGTERM: each drains and gives the fence back) and keeps
+// them down until unhold, as an operator scales the controller to zero.
+func (cs *controllers) hold() error {
+	cs.mu.Lock()
+	cs.held = true
+	cs.mu.Unlock()
+	var errs []error
+	for _, r := range cs.replicas {
+		errs = append(errs, r.Stop(50*time.Second))
+	}
+	return errors.Join(errs...)
+}
+
+// unhold lets the supervisors start the replicas again.
+func (cs *controllers) unhold() {
+	cs.mu.Lock()
+	cs.held = false
+	cs.mu.Unlock()
 }
 
 // stop stops every replica for good.

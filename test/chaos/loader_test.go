@@ -91,6 +91,8 @@ type loader struct {
 	all    []*student
 	rnd    *rand.Rand
 	done   atomic.Int64
+	// running says a bulk is being sent: from start until run returns.
+	running atomic.Bool
 }
 
 // plan makes a bulk: creates new Students, and updates and deletes (one by one and by
@@ -160,9 +162,18 @@ func (l *loader) plan(creates, updates, deletes, batches int) ([]op, opCounts) {
 	return ops, counts
 }
 
-// run carries out ops with workers in parallel; l.done counts those finished.
-func (l *loader) run(ctx context.Context, ops []op, workers int) error {
+// start readies the loader for a bulk: nothing done, running. It is called before run
+// goes off in the background, so that whoever waits for a share of the bulk to be done
+// never reads the count of the bulk before.
+func (l *loader) start() {
 	l.done.Store(0)
+	l.running.Store(true)
+}
+
+// run carries out ops with workers in parallel, after start; l.done counts those
+// finished.
+func (l *loader) run(ctx context.Context, ops []op, workers int) error {
+	defer l.running.Store(false)
 	work := make(chan op)
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup

@@ -57,16 +57,22 @@ type phaseResult struct {
 	Writing duration `json:"fenceTakenAfter,omitempty"`
 	// CloneRowWrites and CloneHeldFence are what the clone's controller did: nothing,
 	// or the fence failed.
-	CloneRowWrites int        `json:"cloneRowWrites,omitempty"`
-	CloneHeldFence bool       `json:"cloneHeldFence,omitempty"`
-	CloneWaited    bool       `json:"cloneWaited,omitempty"`
-	LoadTook       duration   `json:"loadTook"`
-	Recovery       duration   `json:"recovery"`
-	SinceStrike    duration   `json:"sinceStrike"`
-	APIWrites      int        `json:"apiWritesDuringRecovery"`
-	RowWrites      int        `json:"rowWritesDuringRecovery"`
-	Held           bool       `json:"held"`
-	Violations     violations `json:"violations,omitempty"`
+	CloneRowWrites int  `json:"cloneRowWrites,omitempty"`
+	CloneHeldFence bool `json:"cloneHeldFence,omitempty"`
+	CloneWaited    bool `json:"cloneWaited,omitempty"`
+	// RowsToWriteBack, RowsToRelease and RowsLost are what a backup put back left:
+	// live Students' rows missing or behind, rows owned of Students gone since, and
+	// released rows of deleted Orphan Students that the backup did not hold.
+	RowsToWriteBack int        `json:"restoredRowsToWriteBack,omitempty"`
+	RowsToRelease   int        `json:"restoredRowsToRelease,omitempty"`
+	RowsLost        int        `json:"restoredRowsLost,omitempty"`
+	LoadTook        duration   `json:"loadTook"`
+	Recovery        duration   `json:"recovery"`
+	SinceStrike     duration   `json:"sinceStrike"`
+	APIWrites       int        `json:"apiWritesDuringRecovery"`
+	RowWrites       int        `json:"rowWritesDuringRecovery"`
+	Held            bool       `json:"held"`
+	Violations      violations `json:"violations,omitempty"`
 }
 
 type invariantResult struct {
@@ -113,7 +119,7 @@ func (rep *report) markdown() string {
 		"The harness runs etcd, kube-apiserver, PostgreSQL and two controller replicas (built %s `-race`, leader election, "+
 		"Lease %v / renew %v / retry %v, registry fence lease %v) itself, and restarts each on the same data and certificates. A loader creates, updates "+
 		"and deletes Students (one third Orphan, deletes one by one and by DeleteCollection), retrying through outages; each fault "+
-		"strikes once a third of its bulk is done. A replica that exits is started again after 1 s, as the kubelet would.\n\n",
+		"strikes once a third of its bulk is done (two thirds for the backup put back). A replica that exits is started again after 1 s, as the kubelet would.\n\n",
 		command, rep.N, rep.Started.Format("15:04"), rep.Finished.Format("15:04"), runtime.NumCPU(), built, leaseDuration, renewDeadline, retryPeriod, fenceLease)
 	b.WriteString("Recovery is from the end of the bulk and the fault (whichever is later) until every invariant below held, checked every 0.5 s " +
 		"over every Student and every row. During that time: the write requests to Students and their status that the API server answered (its metrics; the loader is done, so they are the controllers'), and the registry rows the controllers wrote (their metrics; a replica that restarts meanwhile counts from its restart).\n\n")
@@ -133,8 +139,11 @@ func (rep *report) markdown() string {
 			if ph.Writing > 0 {
 				writing = fmt.Sprintf("%v (limit %v)", ph.Writing, duration(writingLimit))
 			}
-			if ph.Fault == faultClone {
+			switch ph.Fault {
+			case faultClone:
 				writing = fmt.Sprintf("clone waited: %v, wrote %d rows", ph.CloneWaited, ph.CloneRowWrites)
+			case faultRegistryRestored:
+				writing = fmt.Sprintf("backup put back: %d rows to write back, %d to release, %d released rows lost", ph.RowsToWriteBack, ph.RowsToRelease, ph.RowsLost)
 			}
 			held := "all held"
 			if !ph.Held {

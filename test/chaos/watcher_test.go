@@ -26,7 +26,9 @@ func TestGenerationWatcher(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w := &generationWatcher{db: db}
+	d := &database{}
+	d.p.Store(db)
+	w := &generationWatcher{db: d}
 	done := make(chan struct{})
 	go func() { defer close(done); w.run(ctx, time.Millisecond) }()
 	defer func() { cancel(); <-done }() // the watcher ends before the database closes
@@ -43,6 +45,21 @@ func TestGenerationWatcher(t *testing.T) {
 	if p := w.problems(); len(p) != 0 {
 		t.Fatalf("problems before any row went back: %v", p)
 	}
+	// A backup put back while the watcher is paused: the rows go back, and the
+	// watcher starts again from them.
+	w.pause()
+	if _, err := db.ExecContext(ctx, `UPDATE students SET generation = 1 WHERE uid = 'u1'`); err != nil {
+		t.Fatal(err)
+	}
+	w.resume()
+	waitReads(w.count() + 3)
+	if p := w.problems(); len(p) != 0 {
+		t.Fatalf("problems after a restore while paused: %v", p)
+	}
+	if _, err := db.ExecContext(ctx, `UPDATE students SET generation = 3 WHERE uid = 'u1'`); err != nil {
+		t.Fatal(err)
+	}
+	waitReads(w.count() + 3)
 	if _, err := db.ExecContext(ctx, `UPDATE students SET generation = 2 WHERE uid = 'u1'`); err != nil {
 		t.Fatal(err)
 	}
