@@ -99,10 +99,14 @@ image: ## Build the controller's image as an OCI layout in bin/image/oci, no Doc
 DIST ?= dist
 CYCLONEDX_GOMOD ?= github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
 RELEASE_BUILD = $(abspath $(DIST))/build
+# REGISTRY=host/path: where a release is published. make release names the image
+# there in the packaged chart; make publish pushes there.
+REGISTRY ?=
 
 .PHONY: release
-release: helm ## Write what a release of VERSION publishes into dist/: the image for linux/amd64 and linux/arm64 as one OCI index (a layout tarball; two runs give one digest), the packaged chart (this version's image, IfNotPresent), an SBOM of each binary (CycloneDX) and SHA256SUMS.
+release: helm ## Write what a release of VERSION to REGISTRY=host/path publishes into dist/: the image for linux/amd64 and linux/arm64 as one OCI index (a layout tarball; two runs give one digest), the packaged chart (REGISTRY's image of this version, IfNotPresent), an SBOM of each binary (CycloneDX) and SHA256SUMS.
 	@case "$(DIST)" in ""|/*|*..*) echo "make release: DIST=$(DIST): a folder inside the repository, please" >&2; exit 2;; esac
+	@case "$(REGISTRY)" in ""|*/|*:|*://*|*[\ \|\&\'\"]*) echo "make release: REGISTRY=$(REGISTRY): say where the release will be published, REGISTRY=host/path (the packaged chart names its image there)" >&2; exit 2;; esac
 	@rm -rf $(DIST) && mkdir -p $(RELEASE_BUILD)
 	@for arch in amd64 arm64; do \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
@@ -113,12 +117,14 @@ release: helm ## Write what a release of VERSION publishes into dist/: the image
 	@# Byte for byte the same on any builder: names sorted, times, owners and modes fixed.
 	@tar --format=gnu --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=go-w,a+rX \
 		-C $(RELEASE_BUILD)/oci -cf $(DIST)/student-controller-$(VERSION).oci.tar .
-	@# The packaged chart runs this version's image by its tag, pulled once.
+	@# The packaged chart runs this version's image from REGISTRY by its tag, pulled once.
 	@cp -r charts/student-controller $(RELEASE_BUILD)/student-controller
 	@sed -i -e 's/^  pullPolicy: Always$$/  pullPolicy: IfNotPresent/' \
 		-e 's/^  # Always: a restarted Pod checks its pull secret and tag with the registry.$$/  # IfNotPresent: a release tag names one image, pulled once./' \
+		-e 's|^  repository: student-controller$$|  repository: $(REGISTRY)/student-controller|' \
 		$(RELEASE_BUILD)/student-controller/values.yaml
 	@grep -q '^  pullPolicy: IfNotPresent$$' $(RELEASE_BUILD)/student-controller/values.yaml
+	@grep -qxF -- '  repository: $(REGISTRY)/student-controller' $(RELEASE_BUILD)/student-controller/values.yaml
 	@bin/tools/helm package $(RELEASE_BUILD)/student-controller --version $(VERSION) --app-version $(VERSION) -d $(DIST) >/dev/null
 	@# One SBOM per binary, of the modules its build links (its platform and tags); the
 	@# tool itself is built for this machine.
@@ -131,9 +137,7 @@ release: helm ## Write what a release of VERSION publishes into dist/: the image
 	@rm -rf $(RELEASE_BUILD)
 	@cd $(DIST) && sha256sum * >SHA256SUMS && cat SHA256SUMS
 
-# make publish REGISTRY=host/path: where the release goes; PUBLISH_HELM_FLAGS, e.g.
-# --plain-http for a registry on loopback.
-REGISTRY ?=
+# PUBLISH_HELM_FLAGS, e.g. --plain-http for a registry on loopback.
 PUBLISH_HELM_FLAGS ?=
 
 .PHONY: publish
@@ -142,6 +146,8 @@ publish: helm ## Push what make release wrote to an OCI registry: the image inde
 	@# Only a finished release, as its sums say: never an image without its chart.
 	@test -f $(DIST)/SHA256SUMS -a -f $(DIST)/student-controller-$(VERSION).tgz || { echo "make publish: no finished release of $(VERSION) in $(DIST); run make release first" >&2; exit 2; }
 	@cd $(DIST) && sha256sum --check --quiet SHA256SUMS
+	@tar -xOf $(DIST)/student-controller-$(VERSION).tgz student-controller/values.yaml | grep -qxF -- '  repository: $(REGISTRY)/student-controller' || \
+		{ echo "make publish: the release in $(DIST) names its image elsewhere ($$(tar -xOf $(DIST)/student-controller-$(VERSION).tgz student-controller/values.yaml | grep -m1 '^  repository:')); run make release REGISTRY=$(REGISTRY)" >&2; exit 2; }
 	@rm -rf $(RELEASE_BUILD) && mkdir -p $(RELEASE_BUILD)/oci && tar -xf $(DIST)/student-controller-$(VERSION).oci.tar -C $(RELEASE_BUILD)/oci
 	@cd hack/tools/image && go run -trimpath . -layout $(RELEASE_BUILD)/oci -push $(REGISTRY)/student-controller:$(VERSION)
 	@bin/tools/helm push $(DIST)/student-controller-$(VERSION).tgz oci://$(REGISTRY)/charts $(PUBLISH_HELM_FLAGS)

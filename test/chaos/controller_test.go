@@ -73,11 +73,11 @@ func (cs *controllers) supervise(r *replica) {
 	}
 }
 
-// start starts r again unless the replicas are held down: whether it did.
+// start starts r again unless the replicas are held down or stopping: whether it did.
 func (cs *controllers) start(r *replica) bool {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	return !cs.held && r.Start() == nil
+	return !cs.held && !cs.stopping.Load() && r.Start() == nil
 }
 
 // hold stops every replica (SIGTERM: each drains and gives the fence back) and keeps
@@ -102,7 +102,9 @@ func (cs *controllers) unhold() {
 
 // stop stops every replica for good.
 func (cs *controllers) stop() error {
+	cs.mu.Lock() // no supervisor starts a replica from here on
 	cs.stopping.Store(true)
+	cs.mu.Unlock()
 	var errs []error
 	for _, r := range cs.replicas {
 		errs = append(errs, r.Stop(50*time.Second))

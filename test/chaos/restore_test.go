@@ -175,7 +175,10 @@ func (w *world) restoreBackup(ctx context.Context, b *backup, ph *phaseResult) (
 			if err != nil || cm.Data["behind"] == "" {
 				return err
 			}
-			cm.Annotations = map[string]string{annotationConfirms: cm.Data["mark"]}
+			if cm.Annotations == nil {
+				cm.Annotations = map[string]string{}
+			}
+			cm.Annotations[annotationConfirms] = cm.Data["mark"]
 			if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 				return err
 			}

@@ -11,6 +11,7 @@ import (
 	apiextensions "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-controller/student-controller/internal/testenv"
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
@@ -36,10 +37,8 @@ func TestHelmUpgradeFromPrevious(t *testing.T) {
 		return err != nil, nil
 	})
 	previous := filepath.Join(t.TempDir(), "previous")
-	archive := exec.Command("sh", "-c", `mkdir -p "$3" && git -C "$1" archive --format=tar "$2" charts/student-controller | tar -x -C "$3"`, // #nosec G204 -- git of this repository
-		"archive", env.Root, previousRelease, previous)
-	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("the previous release's chart (a clone without the history lacks it: git fetch --unshallow): %v\n%s", err, out)
+	if err := testenv.Archive(env.Root, testenv.PreviousRelease, previous, "charts/student-controller"); err != nil {
+		t.Fatal(err)
 	}
 	helm := func(args ...string) (string, error) {
 		cmd := exec.Command(filepath.Join(cp.Root, "bin", "tools", "helm"), append(args, "--kubeconfig", cp.Kubeconfig)...) // #nosec G204 -- the test's own arguments

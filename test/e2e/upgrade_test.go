@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,13 +19,6 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// previousRelease is the last commit of version 0.3.0, the release before this one
-// (registry schema 7): the controller an upgrade starts from.
-const (
-	previousRelease = "9fb0238b332e5ab0d2878a6c67022f7f0cd261ab"
-	previousSchema  = 7
-)
-
 // TestUpgradeAndRollback: the previous release fills a registry and a cluster (Delete
 // and Orphan Students, some deleted); this build then runs on the same registry and
 // CRD, as a rolling update runs it: a standby beside the previous release, which
@@ -35,7 +27,7 @@ const (
 // refuses it, says why, and writes nothing.
 func TestUpgradeAndRollback(t *testing.T) {
 	ctx := context.Background()
-	old := buildAt(t, previousRelease)
+	old := buildAt(t, testenv.PreviousRelease)
 	ns := testenv.Namespace(t, kubeClient(), "e2e-")
 	client := students(ns)
 	path := filepath.Join(t.TempDir(), "registry.db")
@@ -54,8 +46,8 @@ func TestUpgradeAndRollback(t *testing.T) {
 	}
 	waitAllReady(t, ns, 2, time.Minute)
 	db := registrytest.OpenSQLite(t, path)
-	if v := schemaVersion(t, db); v != previousSchema {
-		t.Fatalf("the previous release left schema %d, want %d", v, previousSchema)
+	if v := schemaVersion(t, db); v != testenv.PreviousSchema {
+		t.Fatalf("the previous release left schema %d, want %d", v, testenv.PreviousSchema)
 	}
 	rowsBefore := sqliteRows(t, db)
 	written := map[string]string{}
@@ -74,7 +66,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 		return code == 200
 	})
 	time.Sleep(3 * time.Second)
-	if v := schemaVersion(t, db); v != previousSchema {
+	if v := schemaVersion(t, db); v != testenv.PreviousSchema {
 		t.Fatalf("a standby of this build migrated the registry to schema %d under the previous release's leader", v)
 	}
 	stop(t, before)
@@ -121,9 +113,8 @@ func TestUpgradeAndRollback(t *testing.T) {
 func buildAt(t *testing.T, commit string) string {
 	t.Helper()
 	src := t.TempDir()
-	archive := exec.Command("sh", "-c", `git -C "$1" archive --format=tar "$2" | tar -x -C "$3"`, "archive", env.Root, commit, src) // #nosec G204 -- git of this repository
-	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("the tree of commit %s (a clone without the history lacks it: git fetch --unshallow): %v\n%s", commit, err, out)
+	if err := testenv.Archive(env.Root, commit, src); err != nil {
+		t.Fatal(err)
 	}
 	bin, err := ctrlbin.Build{Root: src, Out: filepath.Join(t.TempDir(), "student-controller")}.Run(context.Background())
 	if err != nil {
