@@ -20,6 +20,7 @@ import (
 	"github.com/student-controller/student-controller/internal/testenv/controlplane"
 	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 	"github.com/student-controller/student-controller/internal/testenv/registrytest"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
@@ -69,6 +70,16 @@ func TestOldCRDRefused(t *testing.T) {
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "older than this controller") && strings.Contains(body, "spec.management")
 	})
 	client := versioned.NewForConfigOrDie(cp.Config).BolingcavalryV1().Students(ns)
+	// What an older CRD does, and why the controller refuses it: the API server drops
+	// the field it lacks, so an observed Student would be managed.
+	observed := newStudent("observed", "school A", "")
+	observed.Spec.Management = studentv1.ManagementObserve
+	if s, err := client.Create(ctx, observed, metav1.CreateOptions{}); err != nil || s.Spec.Management != "" {
+		t.Fatalf("a Student with spec.management: Observe on 0.2.0's CRD: %v, management %q; want it created, the field pruned", err, s.Spec.Management)
+	}
+	if err := client.Delete(ctx, "observed", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := client.Create(ctx, newStudent("waits", "school A", ""), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
