@@ -535,7 +535,8 @@ func methods(m map[string]float64) string {
 }
 
 // revision names the commit the contenders are built from, "-dirty" when tracked files
-// other than the results differ from it; empty outside a git checkout.
+// other than the results differ from it, and the version in its VERSION file; empty
+// outside a git checkout.
 func revision() string {
 	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	if err != nil {
@@ -545,6 +546,9 @@ func revision() string {
 	changed, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results").Output()
 	if err == nil && len(bytes.TrimSpace(changed)) > 0 {
 		rev += "-dirty"
+	}
+	if v, err := os.ReadFile("VERSION"); err == nil {
+		rev += " (version " + strings.TrimSpace(string(v)) + ")"
 	}
 	return rev
 }
