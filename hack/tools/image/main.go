@@ -193,17 +193,8 @@ func run(binary, out, version, push string, spec image) error {
 	if err != nil {
 		return err
 	}
-	if err := os.RemoveAll(out); err != nil {
+	if err := writeLayout(out, version, func(p layout.Path, o layout.Option) error { return p.AppendImage(img, o) }); err != nil {
 		return err
-	}
-	path, err := layout.Write(out, empty.Index)
-	if err != nil {
-		return fmt.Errorf("write the OCI layout: %w", err)
-	}
-	if err := path.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": version,
-	})); err != nil {
-		return fmt.Errorf("write the OCI layout: %w", err)
 	}
 	if push != "" {
 		return pushTo(img, push)
@@ -244,6 +235,16 @@ func runIndex(list, out, version string, spec image) error {
 	if err != nil {
 		return err
 	}
+	if err := writeLayout(out, version, func(p layout.Path, o layout.Option) error { return p.AppendIndex(idx, o) }); err != nil {
+		return err
+	}
+	fmt.Println(digest)
+	return nil
+}
+
+// writeLayout replaces the folder out with an OCI layout that holds what add appends
+// (one image or one index), named version.
+func writeLayout(out, version string, add func(layout.Path, layout.Option) error) error {
 	if err := os.RemoveAll(out); err != nil {
 		return err
 	}
@@ -251,12 +252,9 @@ func runIndex(list, out, version string, spec image) error {
 	if err != nil {
 		return fmt.Errorf("write the OCI layout: %w", err)
 	}
-	if err := path.AppendIndex(idx, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": version,
-	})); err != nil {
+	if err := add(path, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": version})); err != nil {
 		return fmt.Errorf("write the OCI layout: %w", err)
 	}
-	fmt.Println(digest)
 	return nil
 }
 
