@@ -207,14 +207,17 @@ func prefill(ctx context.Context, r *Registry, n int) error {
 	defer func() { _ = tx.Rollback() }()
 	now := time.Now().UTC()
 	for i := range n {
-		uid, name, display := string(uuid.NewUUID()), fmt.Sprintf("s-%05d", i), fmt.Sprintf("学生 %d", i)
+		rec := Record{UID: string(uuid.NewUUID()), Namespace: "bench", Name: fmt.Sprintf("s-%05d", i),
+			StudentName: fmt.Sprintf("学生 %d", i), School: "深圳中学", Owner: "bench", Generation: 1, DeletionPolicy: PolicyDelete}
+		// The values Upsert and its history row write, from the same helpers, so that a
+		// column added to either is added here too.
 		var created, updated time.Time
-		if err := tx.StmtContext(ctx, r.upsert).QueryRowContext(ctx, uid, "bench", name, display, "深圳中学", "bench", 1, now, PolicyDelete).
+		if err := tx.StmtContext(ctx, r.upsert).QueryRowContext(ctx, append(rowValues(rec, now), optional(rec.StudentUID))...).
 			Scan(&created, &updated); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, historyInsertSQL, now, uid, "bench", name, display, "深圳中学", 1,
-			ActionCreated, "bench", CauseNewStudent, "bench"); err != nil {
+		if _, err := tx.ExecContext(ctx, historyInsertSQL, now, rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School,
+			rec.Generation, ActionCreated, rec.Owner, CauseNewStudent, "bench", policyValue(rec.DeletionPolicy)); err != nil {
 			return err
 		}
 	}
