@@ -14,7 +14,7 @@ export GOTOOLCHAIN
 # bench's builds take the same from ctrlbin.ShippedTags, and a test checks the two
 # agree). grpcnotrace: grpc, linked for OTLP traces, leaves out golang.org/x/net/trace,
 # whose html/template would keep the linker from dropping any exported method
-# (bench/results/tuning.md has what it cost).
+# (bench/results/history.md has what it cost).
 GO_TAGS := grpcnotrace
 
 # Every build but the race detector's is static, as make build and the image ship the
@@ -80,7 +80,7 @@ packages: ## Install the Debian packages the tests and the node run (PostgreSQL,
 build: ## Build the controller (bin/student-controller) and the local launcher (bin/student-dev).
 	@# One build of both, with make image's flags and tags (and the control plane's:
 	@# hack/build-controlplane.sh): they share every package compiled before (a cold build
-	@# of them is minutes; bench/results/ci-cold.md).
+	@# of them is minutes; bench/results/history.md).
 	go build -trimpath -tags $(GO_TAGS) -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/student-controller ./cmd/student-dev
 
 IMAGE_DIR ?= bin/image
@@ -179,14 +179,14 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 # race detector: the registry, whose unit tests drive the process's own concurrency over
 # the database (group commit, turns, the fence's renewal); its race build is small (72 s
 # of CPU cold), where the controller's packages would compile client-go's tree again
-# with -race (437 s: bench/results/ci-cold.md). make race runs those.
+# with -race (437 s: bench/results/history.md). make race runs those.
 # Without it (-p 3: three packages built or run at a time), long suites first: the
 # suites that drive programs (the chaos suite among them), then the rest, built as go
 # vet built them (static, -trimpath, the shipped tags), so they link and start at once.
 # The command's own goroutines (leader election, the lease gate, the servers) run under
 # the race detector in make chaos, whose controllers are built with it.
 # Test binaries are linked without DWARF (-w), which only a debugger reads (the e2e
-# suite's link, warm: 10.1 s of CPU against 7.0 s). An -ldflags in GO_TEST_FLAGS
+# suite's link, warm: 10.1 s of CPU against 7.0 s; bench/results/history.md). An -ldflags in GO_TEST_FLAGS
 # replaces it; one in GOFLAGS is overridden.
 TEST_LDFLAGS := -ldflags=-w
 LONG_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local ./test/integration ./test/codegen
@@ -238,9 +238,12 @@ RESULTS ?= bench/out
 
 .PHONY: bench-registry
 bench-registry: ## Time a registry row write (SQLite NORMAL and FULL, fenced or not; PostgreSQL), and 8 at once on SQLite (group commit, the busy handler alone, group commit over 100000 rows), into $(RESULTS)/registry-writes.txt; then a new Student's row (Get then upsert, against Insert), the two alternating, into $(RESULTS)/new-student-row.txt.
+	@# Each file starts with the build it measured, in benchstat's "key: value" form.
 	mkdir -p $(RESULTS)
-	go test -run '^$$' -bench '^BenchmarkWrite(Concurrent)?$$' -benchtime 2000x -count 5 ./internal/registry | tee $(RESULTS)/registry-writes.txt
-	for i in 1 2 3 4 5 6; do go test -run '^$$' -bench '^BenchmarkNewStudentRow$$' -benchtime 2000x ./internal/registry || exit 1; done | tee $(RESULTS)/new-student-row.txt
+	{ $(BENCH_BUILD); go test -run '^$$' -bench '^BenchmarkWrite(Concurrent)?$$' -benchtime 2000x -count 5 ./internal/registry; } | tee $(RESULTS)/registry-writes.txt
+	{ $(BENCH_BUILD); for i in 1 2 3 4 5 6; do go test -run '^$$' -bench '^BenchmarkNewStudentRow$$' -benchtime 2000x ./internal/registry || exit 1; done; } | tee $(RESULTS)/new-student-row.txt
+BENCH_BUILD = echo "build: $$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- . ':!bench/results' || echo -dirty)"; \
+	echo "version: $(VERSION)"; echo "date: $$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 BENCH_N ?= 10000
 

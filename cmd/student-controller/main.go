@@ -27,7 +27,7 @@ import (
 // Most of the controller's heap is its cache of Students, which lives as long as they
 // do. Go's default, 100, lets the heap grow to twice what is live before it collects;
 // 50 lets it grow by half, at a CPU cost within the run-to-run spread
-// (bench/results/tuning.md). GOGC in the environment overrides it; GOMEMLIMIT, set from
+// (bench/results/history.md). GOGC in the environment overrides it; GOMEMLIMIT, set from
 // the container's memory limit in config/manager, applies either way.
 const defaultGOGC = 50
 
@@ -65,7 +65,7 @@ func main() {
 	if opts.pprofAddr == "0" {
 		// Nobody can read a heap profile, so do not sample one: the runtime keeps a
 		// record per sampled call stack for the life of the process
-		// (bench/results/tuning.md). Go does the same for programs that do not link
+		// (bench/results/history.md). Go does the same for programs that do not link
 		// the profiler.
 		runtime.MemProfileRate = 0
 	}

@@ -27,7 +27,7 @@ import (
 func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *rest.Config) error {
 	mo := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure,
 		// Uncompressed: a scrape is small, and gzip would keep a compressor in memory
-		// from one scrape to the next (bench/results/tuning.md).
+		// from one scrape to the next (bench/results/history.md).
 		HandlerOpts: []func(*promhttp.HandlerOpts){func(o *promhttp.HandlerOpts) { o.DisableCompression = true }},
 	}
 	if opts.metricsSecure {

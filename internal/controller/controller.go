@@ -262,7 +262,7 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 // enqueue adds the key of a cached Student, or of the tombstone of a deleted one. Keys
 // are namespace/name strings rather than cache.ObjectName: the workqueue's maps grow to
 // the largest backlog and Go maps never shrink, and a string key is about half the size
-// (bench/results/tuning.md). The key queued is the cache's own string, not a copy.
+// (bench/results/history.md). The key queued is the cache's own string, not a copy.
 //
 // Only a cached Student, or the tombstone of one, has a key here: a tombstone's key
 // names the Student that was deleted, whatever its last known state inside. Anything

@@ -132,7 +132,7 @@ func (w *Wiring) Shutdown() {
 // caches remembers (client-go's default is 4096). The correlator folds repeats of one
 // Event on one object; repeats come from the few objects that fail again and again,
 // and 512 remember those; 4096 would keep megabytes once a few thousand Students have
-// had one Event each (bench/results/tuning.md).
+// had one Event each (bench/results/history.md).
 const eventCacheSize = 512
 
 // NewEventRecorder starts the broadcaster that posts the controller's Events through

@@ -165,7 +165,7 @@ type Registry struct {
 	display string
 	now     func() time.Time
 	// The statements of every sync, prepared once: parsing them again on each call
-	// was a visible share of the controller's CPU (bench/results/tuning.md).
+	// was a visible share of the controller's CPU (bench/results/history.md).
 	get, insert, upsert, rewind, release, delPolicy, releaseAsIs, recordPolicy, observe, adopt, takeBack, prune, keepAsItStands, fenceCheck, history *sql.Stmt
 	// actor is Options.Actor, for the history.
 	actor string

@@ -406,7 +406,7 @@ const (
 const targetN = 10000
 
 // memorySpreadMiB is how far under its target a steady memory counts as met narrowly:
-// about what runs of one build differ by (bench/results/tuning.md).
+// about what runs of one build differ by (bench/results/history.md).
 const memorySpreadMiB = 2.0
 
 func sweepTable(rep report) string {
