@@ -4,7 +4,10 @@ import (
 	"context"
 	"debug/buildinfo"
 	"fmt"
+	"os"
 	"path/filepath"
+
+	"golang.org/x/mod/modfile"
 
 	"github.com/student-controller/student-controller/internal/testenv/ctrlbin"
 )
@@ -57,6 +60,18 @@ func build(ctx context.Context, root, scratch string) (binaries, error) {
 		peer:                filepath.Join(scratch, "peer"),
 		floor:               filepath.Join(scratch, "floor"),
 	}
+	// The contenders are built with the Go that go.mod pins, as make bench and the
+	// release build them, whatever Go runs the bench: a machine's own Go (GOTOOLCHAIN
+	// local in its go.env) would otherwise build them, and the results would name it.
+	pinned, err := pinnedToolchain(filepath.Join(root, "go.mod"))
+	if err != nil {
+		return b, err
+	}
+	if os.Getenv("GOTOOLCHAIN") == "" {
+		if err := os.Setenv("GOTOOLCHAIN", pinned); err != nil {
+			return b, err
+		}
+	}
 	// Static, as the image ships it (and as kubebuilder's Dockerfile builds): ctrlbin
 	// builds without the race detector so.
 	for _, bin := range []ctrlbin.Build{
@@ -76,7 +91,26 @@ func build(ctx context.Context, root, scratch string) (binaries, error) {
 		return b, fmt.Errorf("read the Go version %s was built with: %w", b.controller, err)
 	}
 	b.goVersion = info.GoVersion
+	if b.goVersion != pinned {
+		return b, fmt.Errorf("the contenders were built with %s, but go.mod pins %s: unset GOTOOLCHAIN, or set it to %s", b.goVersion, pinned, pinned)
+	}
 	return b, nil
+}
+
+// pinnedToolchain is the Go release go.mod's toolchain line names, such as go1.26.11.
+func pinnedToolchain(gomod string) (string, error) {
+	data, err := os.ReadFile(gomod) // #nosec G304 -- the repository's own go.mod
+	if err != nil {
+		return "", err
+	}
+	f, err := modfile.Parse(gomod, data, nil)
+	if err != nil {
+		return "", err
+	}
+	if f.Toolchain == nil {
+		return "", fmt.Errorf("%s has no toolchain line: the bench builds its contenders with the Go it names", gomod)
+	}
+	return f.Toolchain.Name, nil
 }
 
 func contenders(b binaries) []contender {
