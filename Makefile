@@ -186,8 +186,8 @@ helm: ## Build the Helm CLI that hack/tools/helm pins into bin/tools (the chart 
 # The command's own goroutines (leader election, the lease gate, the servers) run under
 # the race detector in make chaos, whose controllers are built with it.
 # Test binaries are linked without DWARF (-w), which only a debugger reads (the e2e
-# suite's link, warm: 10.1 s of CPU against 7.0 s; bench/results/history.md). An -ldflags in GO_TEST_FLAGS
-# replaces it; one in GOFLAGS is overridden.
+# suite's link, warm: 10.1 s of CPU against 7.0 s; bench/results/history.md). An
+# -ldflags in GO_TEST_FLAGS replaces it; one in GOFLAGS is overridden.
 TEST_LDFLAGS := -ldflags=-w
 LONG_SUITES := ./test/e2e ./test/chaos ./test/node ./test/local ./test/integration ./test/codegen
 RACE_PACKAGES := ./internal/registry
