@@ -364,7 +364,7 @@ func scaleTargets(rep report, from *report) string {
 			fmt.Fprintf(&b, " Steady memory grows %.2f KiB per added Student, %.2f KiB over the target.", perStudent, perStudent-growthKiBPerStudent)
 		}
 		if theirs > 0 && ours > growthShareOfPeer*theirs {
-			fmt.Fprintf(&b, " Its growth is %.0f%% of the peer's, %.0f points over the target.", ours/theirs*100, (ours/theirs-growthShareOfPeer)*100)
+			fmt.Fprintf(&b, " Its growth is %.0f%% of the peer's; the target is %.0f%%.", ours/theirs*100, growthShareOfPeer*100)
 		}
 		b.WriteString("\n")
 	}
