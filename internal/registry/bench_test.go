@@ -216,8 +216,7 @@ func prefill(ctx context.Context, r *Registry, n int) error {
 			Scan(&created, &updated); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, historyInsertSQL, now, rec.UID, rec.Namespace, rec.Name, rec.StudentName, rec.School,
-			rec.Generation, ActionCreated, rec.Owner, CauseNewStudent, "bench", policyValue(rec.DeletionPolicy)); err != nil {
+		if _, err := tx.StmtContext(ctx, r.history).ExecContext(ctx, entryOf(rec, ActionCreated, CauseNewStudent).values(now, "bench")...); err != nil {
 			return err
 		}
 	}

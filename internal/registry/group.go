@@ -248,8 +248,7 @@ func (r *Registry) writeOne(ctx context.Context, in func(*sql.Stmt) *sql.Stmt, w
 		if e.cause == "" {
 			e.cause = "unspecified"
 		}
-		if _, err := in(r.history).ExecContext(ctx, w.at, e.uid, e.namespace, e.name, e.studentName, e.school, e.generation,
-			e.action, e.owner, e.cause, r.actor, e.policy); err != nil {
+		if _, err := in(r.history).ExecContext(ctx, e.values(w.at, r.actor)...); err != nil {
 			return fmt.Errorf("write the history row: %w", err)
 		}
 	}

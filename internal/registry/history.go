@@ -128,6 +128,11 @@ func entryOf(rec Record, action, cause string) entry {
 		policy: policyValue(rec.DeletionPolicy)}
 }
 
+// values are the values historyInsertSQL writes for e, at at by actor, in its order.
+func (e entry) values(at time.Time, actor string) []any {
+	return []any{at, e.uid, e.namespace, e.name, e.studentName, e.school, e.generation, e.action, e.owner, e.cause, actor, e.policy}
+}
+
 // returned is what a delete or release returns of the row it changed: what its history
 // row copies.
 const returned = ` RETURNING namespace, name, student_name, school, generation, deletion_policy`
