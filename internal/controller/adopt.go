@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -137,7 +138,7 @@ func adoption(row registry.Record, in AdoptInput) (string, string) {
 		}
 		return "", ""
 	}
-	if _, adoptable, why := withoutStudent(row, in.Owner); !adoptable {
+	if _, adoptable, why := decide.WithoutStudent(row, in.Owner); !adoptable {
 		return PlanRefuse, why
 	}
 	if s, ok := in.Students[key]; ok {

@@ -3,8 +3,6 @@ package controller
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -12,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -26,32 +25,6 @@ const (
 // observed says whether a Student only observes its row (spec.management: Observe).
 func observed(spec studentv1.StudentSpec) bool {
 	return spec.Management == studentv1.ManagementObserve
-}
-
-// drift says how the registry row of an observed Student differs from its spec, "" when
-// it does not: the one comparison the sync, the sweep and plan make of an observed
-// Student. found says whether the registry holds the row, malformed that it cannot be
-// read. Only what the row says of the student is compared (the Student it names, the
-// display name, the school), not what the controller keeps in it (generation, owner,
-// deletion policy): an observed row is its writer's, not the controller's.
-func drift(row registry.Record, found, malformed bool, namespace, name string, spec studentv1.StudentSpec) string {
-	switch {
-	case malformed:
-		return "the registry row cannot be read"
-	case !found:
-		return "the registry has no row for this Student"
-	}
-	var diffs []string
-	if row.Namespace != namespace || row.Name != name {
-		diffs = append(diffs, fmt.Sprintf("the row names the Student %s/%s", row.Namespace, row.Name))
-	}
-	if row.StudentName != spec.Name {
-		diffs = append(diffs, fmt.Sprintf("student_name is %q, spec.name %q", row.StudentName, spec.Name))
-	}
-	if row.School != spec.School {
-		diffs = append(diffs, fmt.Sprintf("school is %q, spec.school %q", row.School, spec.School))
-	}
-	return strings.Join(diffs, "; ")
 }
 
 // observe is the sync of an observed Student: it reads the row, compares it with the
@@ -71,7 +44,7 @@ func (c *Controller) observe(ctx context.Context, s *studentv1.Student) error {
 		}
 		klog.FromContext(ctx).V(2).Info("Registry row marked observed: the controller no longer writes it")
 	}
-	differs := drift(row, found, malformed, s.Namespace, s.Name, s.Spec)
+	differs := decide.Drift(row, found, malformed, s.Namespace, s.Name, s.Spec)
 	return c.reportObserved(ctx, s, differs)
 }
 

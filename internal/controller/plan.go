@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -147,7 +148,7 @@ func ComputePlan(in PlanInput) Plan {
 			case held:
 				add(s, PlanRelease, registry.CauseFinalizer)
 			case theirs:
-				add(s, PlanFinalize, "the row is "+ownedBy(other)+" and is left alone")
+				add(s, PlanFinalize, "the row is "+decide.OwnedBy(other)+" and is left alone")
 			default:
 				add(s, PlanFinalize, "no row")
 			}
@@ -161,7 +162,7 @@ func ComputePlan(in PlanInput) Plan {
 			if mine && row.Management != registry.ManagementObserve {
 				add(s, PlanUpdate, planMarkObserved)
 			}
-			if d := drift(stored, found, malformed[key], s.Namespace, s.Name, s.Spec); d != "" {
+			if d := decide.Drift(stored, found, malformed[key], s.Namespace, s.Name, s.Spec); d != "" {
 				add(s, PlanDrifted, d)
 			}
 		case !slices.Contains(s.Finalizers, Finalizer):
@@ -169,12 +170,12 @@ func ComputePlan(in PlanInput) Plan {
 			add(s, PlanAddFinalizer, "before the row is written")
 			fallthrough
 		default:
-			if theirs && takenBack(other, in.Owner) {
+			if theirs && decide.TakenBack(other, in.Owner) {
 				add(s, PlanRestore, registry.CauseTakenBack)
 				continue
 			}
 			if theirs {
-				add(s, PlanRefuse, "the row is "+ownedBy(other))
+				add(s, PlanRefuse, "the row is "+decide.OwnedBy(other))
 				continue
 			}
 			want := recordOf(in.Owner, s)
@@ -194,16 +195,15 @@ func ComputePlan(in PlanInput) Plan {
 
 	var orphans []registry.Record
 	for _, r := range in.Rows {
-		if sweep, _, _ := withoutStudent(r, in.Owner); !seen[r.UID] && sweep != "" {
+		if release, _, _ := decide.WithoutStudent(r, in.Owner); !seen[r.UID] && release {
 			orphans = append(orphans, r)
 		}
 	}
 	plan.Orphans = len(orphans)
-	plan.SweepBound = sweepBound(in.SweepMaxDeletions, in.SweepMaxDeletionPercent, len(in.Rows))
+	plan.SweepBound = decide.SweepBound(in.SweepMaxDeletions, in.SweepMaxDeletionPercent, len(in.Rows))
 	plan.SweepRefused = !in.NoSweep && len(orphans) > plan.SweepBound
 	for _, r := range orphans {
-		sweep, _, _ := withoutStudent(r, in.Owner)
-		a := PlannedAction{Action: sweep, Namespace: r.Namespace, Name: r.Name, UID: r.UID, Cause: registry.CauseSweep}
+		a := PlannedAction{Action: PlanRelease, Namespace: r.Namespace, Name: r.Name, UID: r.UID, Cause: registry.CauseSweep}
 		switch {
 		case in.NoSweep:
 			a.Action = PlanRefuse
@@ -241,19 +241,6 @@ func planAction(action string) string {
 		return PlanRestore
 	}
 	return PlanUpdate
-}
-
-// takenBack says whether the sync of a live Student of row's uid takes row back:
-// owner released it, and nobody has taken or observed it since (as ensureRow decides).
-func takenBack(row registry.Record, owner string) bool {
-	return row.Owner == "" && row.ReleasedBy == owner && row.Management == ""
-}
-
-func ownedBy(r registry.Record) string {
-	if r.Owner == "" {
-		return "released"
-	}
-	return fmt.Sprintf("owned by %q", r.Owner)
 }
 
 // PlanScope is what a plan compares: whose rows, of which Students, and the sweep's

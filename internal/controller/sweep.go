@@ -8,6 +8,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
@@ -18,23 +19,6 @@ type sweepPlan struct {
 	Resync []string
 	// Orphans are owned rows whose Student is gone.
 	Orphans []registry.Record
-}
-
-// withoutStudent is the one decision for a registry row whose Student is not in this
-// cluster, which the sweep, plan and adopt share: what the sweep does with it
-// (PlanRelease, or "" to leave it), and whether adopt may make a Student of it (else
-// why not). Absence never destroys a row: the sweep releases the owner's managed rows
-// as they stand, whatever policy they record (Registry.Relinquish says the same in
-// SQL), and only student-controller registry prune deletes those that recorded
-// Delete. Adopt takes any row but another owner's.
-func withoutStudent(row registry.Record, owner string) (sweep string, adoptable bool, why string) {
-	switch {
-	case row.Owner != "" && row.Owner != owner:
-		return "", false, fmt.Sprintf("owned by %q, another owner", row.Owner)
-	case row.Owner == "", row.Management == registry.ManagementObserve:
-		return "", true, "" // released or another system's; or observed: kept
-	}
-	return PlanRelease, true, ""
 }
 
 // planSweep compares the rows this controller owns with the Students in the cache. It
@@ -59,15 +43,15 @@ func planSweep(owner string, rows []registry.Record, students []*cachedStudent) 
 		s, ok := byUID[row.UID]
 		switch {
 		case !ok:
-			if sweep, _, _ := withoutStudent(row, owner); sweep != "" {
+			if release, _, _ := decide.WithoutStudent(row, owner); release {
 				plan.Orphans = append(plan.Orphans, row)
 			}
 		case s.deleting() || s.isPaused():
 		case s.isObserved():
-			if drift(row, true, false, s.namespace(), s.name(), s.spec()) != "" {
+			if decide.Drift(row, true, false, s.namespace(), s.name(), s.spec()) != "" {
 				plan.Resync = append(plan.Resync, s.key)
 			}
-		case !sameRow(row, s.record(owner)):
+		case !decide.SameRow(row, s.record(owner)):
 			plan.Resync = append(plan.Resync, s.key)
 		}
 	}
@@ -217,15 +201,9 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 }
 
 // sweepBound is the most orphan rows one sweep lets go of, out of the rows the owner
-// holds: SweepMaxDeletions, and SweepMaxDeletionPercent of them (at least one).
+// holds (decide.SweepBound).
 func (c *Controller) sweepBound(rows int) int {
-	return sweepBound(c.cfg.SweepMaxDeletions, c.cfg.SweepMaxDeletionPercent, rows)
-}
-
-// sweepBound is the bound of a sweep of rows rows: most, and percent of them (at
-// least one).
-func sweepBound(most, percent, rows int) int {
-	return min(most, max(1, rows*percent/100))
+	return decide.SweepBound(c.cfg.SweepMaxDeletions, c.cfg.SweepMaxDeletionPercent, rows)
 }
 
 // withoutLive keeps the orphans by the cache whose Students the API server does not

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -160,10 +161,10 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		klog.FromContext(ctx).Info("Rewriting a registry row that cannot be read", "err", err)
 	case err != nil:
 		return row, "", c.registryFailed(ctx, s, err)
-	case takenBack(row, c.cfg.Owner):
+	case decide.TakenBack(row, c.cfg.Owner):
 		return c.takeBack(ctx, s, want, row)
 	case row.Owner != c.cfg.Owner:
-		return row, "", c.ownedElsewhere(ctx, s, fmt.Errorf("row %s is %s: %w", row.UID, ownedBy(row), registry.ErrNotOwned))
+		return row, "", c.ownedElsewhere(ctx, s, fmt.Errorf("row %s is %s: %w", row.UID, decide.OwnedBy(row), registry.ErrNotOwned))
 	}
 
 	if exists && !malformed && row.DeletionPolicy == "" {
@@ -240,7 +241,7 @@ func (c *Controller) wroteRow(ctx context.Context, row registry.Record, why regi
 // owner is not its to judge.
 func rowWrite(row, want registry.Record, found, malformed, written bool) (registry.Why, bool) {
 	switch {
-	case found && !malformed && sameRow(row, want):
+	case found && !malformed && decide.SameRow(row, want):
 		return registry.Why{}, false
 	case found && !malformed && row.Generation != want.Generation:
 		return registry.Why{Action: rowUpdated, Cause: registry.CauseSpecChange}, true
@@ -545,7 +546,7 @@ func newRecord(owner, row string, uid types.UID, namespace, name string, generat
 		School:         spec.School,
 		Owner:          owner,
 		Generation:     generation,
-		DeletionPolicy: string(specPolicy(spec)),
+		DeletionPolicy: string(decide.SpecPolicy(spec)),
 		Management:     rowManagement(spec),
 	}
 }
@@ -558,20 +559,4 @@ func rowManagement(spec studentv1.StudentSpec) string {
 	return ""
 }
 
-// sameRow says whether a stored row already holds what want would write.
-func sameRow(row, want registry.Record) bool {
-	return row.UID == want.UID && row.Namespace == want.Namespace && row.Name == want.Name &&
-		row.StudentName == want.StudentName && row.School == want.School &&
-		row.Owner == want.Owner && row.Generation == want.Generation && row.DeletionPolicy == want.DeletionPolicy &&
-		row.Management == want.Management
-}
-
-func policy(s *studentv1.Student) studentv1.DeletionPolicy { return specPolicy(s.Spec) }
-
-// specPolicy is spec's deletion policy, Delete when unset.
-func specPolicy(spec studentv1.StudentSpec) studentv1.DeletionPolicy {
-	if spec.DeletionPolicy == "" {
-		return studentv1.DeletionPolicyDelete
-	}
-	return spec.DeletionPolicy
-}
+func policy(s *studentv1.Student) studentv1.DeletionPolicy { return decide.SpecPolicy(s.Spec) }

@@ -1,0 +1,424 @@
+package decide
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// Event reasons (kubectl describe). Normal Events are kept for what changes a row
+// after it was first written; Warnings for what needs a person.
+const (
+	EventRowUpdated        = "RowUpdated"
+	EventRowRestored       = "RowRestored"
+	EventRegistryError     = "RegistryError"
+	EventRowOwnedElsewhere = "RowOwnedElsewhere"
+	EventRowNotBound       = "RowNotBound"
+	EventInvalidSpec       = "InvalidSpec"
+	EventRegistryAhead     = "RegistryAhead"
+	EventRowTakenBack      = "RowTakenBack"
+	EventRowRecreated      = "RowRecreated"
+	EventDrifted           = "Drifted"
+	EventInLine            = "InLine"
+)
+
+// Decide says what to do for one Student: the rules for its row, in one place, which
+// TestModel checks over the whole space of facts.
+func Decide(f Facts) Decision {
+	s := f.Student
+	switch {
+	case s.Paused && (!s.Deleting || s.Finalizer):
+		return Decision{Status: &Status{Paused: true}}
+	case s.Deleting && !s.Finalizer:
+		return Decision{} // not this controller's to let go
+	case s.Deleting:
+		return finalize(f)
+	case f.CRD == CRDOlder:
+		// A write now would drop the fields the older CRD lacks.
+		return Decision{Result: Retry, Why: "the served Student CRD is older than this controller"}
+	}
+	return reconcile(f)
+}
+
+// reconcile decides for a live Student.
+func reconcile(f Facts) Decision {
+	s, row := f.Student, f.Row
+	if problem := s.Spec.Validate(); problem != "" {
+		return refuse(studentv1.ReasonInvalidSpec, problem, EventInvalidSpec, problem, "invalid spec: "+problem)
+	}
+	if s.NamesRow() {
+		if row.Read == Unread {
+			return ask(AskRow)
+		}
+		if problem := notBound(f, !s.Observed()); problem != "" {
+			return refuse(studentv1.ReasonRowNotBound, "Nothing written: "+problem, EventRowNotBound, problem, "row not bound: "+problem)
+		}
+	}
+	if s.Observed() {
+		return observe(f)
+	}
+	var d Decision
+	if !s.Finalizer {
+		d = d.with(Action{Op: AddFinalizer})
+	}
+	want := Want(f.Owner, s)
+	switch {
+	case row.Read == Unread && !s.Written && !row.Exists && !row.Stale && row.Refused == "":
+		// A new Student, whose row is almost always absent: written without a read.
+		return ready(d.with(Action{Op: Insert, Record: want, Why: registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent}}))
+	case row.Read == Unread:
+		return ask(AskRow)
+	case row.Refused != "":
+		return after(d, ownedElsewhere(row.Refused))
+	}
+	found := row.Read == Found
+	rec := row.Record
+	if found {
+		switch {
+		case TakenBack(rec, f.Owner):
+			return undo(f, d, Action{Op: TakeBack, Record: want, Why: registry.Why{Action: registry.ActionRestored, Cause: registry.CauseTakenBack}, Undo: true})
+		case rec.Owner != f.Owner:
+			return after(d, ownedElsewhere(fmt.Sprintf("row %s is %s: %v", rec.UID, OwnedBy(rec), registry.ErrNotOwned)))
+		case rec.DeletionPolicy == "":
+			// Written before rows recorded their policy: no change to the record.
+			d = d.with(Action{Op: RecordPolicy, Record: want, Why: registry.Why{Cause: registry.CausePolicyRecorded}})
+			rec.DeletionPolicy = want.DeletionPolicy
+		}
+		if rec.Generation > want.Generation {
+			return undo(f, d, Action{Op: Rewind, Record: want, Ahead: rec.Generation, Undo: true})
+		}
+	}
+	if row.Stale {
+		// Refused as older, yet the row read since is not ahead: it changed again.
+		return after(d, Decision{Result: Retry, Why: "the row changed since its write was refused"})
+	}
+	why, write := rowWrite(rec, want, found || row.Read == Malformed, row.Read == Malformed, s.Written)
+	if !write {
+		return ready(d)
+	}
+	why.KeepObserved = found && rec.Management == registry.ManagementObserve || row.Read == Malformed
+	upsert := Action{Op: Upsert, Record: want, Why: why}
+	if why.Action == registry.ActionRestored {
+		return restore(f, d, upsert)
+	}
+	return ready(d.with(upsert))
+}
+
+// rowWrite says what to write for a Student whose row should be want, when the
+// registry holds row (found: it holds one; malformed: unreadable) and written says
+// the Student's status reports a row written before: an upsert and why, or nothing.
+func rowWrite(row, want registry.Record, found, malformed, written bool) (registry.Why, bool) {
+	switch {
+	case found && !malformed && SameRow(row, want):
+		return registry.Why{}, false
+	case found && !malformed && row.Generation != want.Generation:
+		return registry.Why{Action: registry.ActionUpdated, Cause: registry.CauseSpecChange}, true
+	case found:
+		return registry.Why{Action: registry.ActionUpdated, Cause: registry.CauseDrift}, true
+	case written:
+		return registry.Why{Action: registry.ActionRestored, Cause: registry.CauseRestore}, true
+	}
+	return registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent}, true
+}
+
+// restore decides for a row missing after it was written. Drift, or this cache is
+// behind the API server (a new leader may still hold a Student its predecessor
+// finalized): the API server is asked first. A row whose history says its finalizer
+// deleted it undoes production's past, and counts against the bound.
+func restore(f Facts, d Decision, upsert Action) Decision {
+	if q, ok := confirmed(f); !ok {
+		return after(d, q)
+	}
+	switch f.History {
+	case HistoryUnasked:
+		return ask(AskHistory)
+	case HistoryOther:
+		return ready(d.with(upsert))
+	}
+	if !f.UndoLeft {
+		e := f.Deleted
+		return after(d, refuseUndo(studentv1.ReasonRowDeleted, fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s), "+
+			"and this controller has undone %d rows since it started, its bound (--registry-max-rewinds): so many looks like a clone "+
+			"of the cluster, or a cluster gone back in time, writing to production's registry. Nothing was written. If this cluster "+
+			"is the one the registry follows, restart the controller with a higher --registry-max-rewinds",
+			stamp(e.At), e.Cause, e.Actor, f.MaxUndo), fmt.Sprintf("row %s was deleted (%s) and is past the bound of rows undone", f.Student.RowKey, e.Cause)))
+	}
+	upsert.Undo = true
+	d = ready(d.with(upsert))
+	e := f.Deleted
+	d.Events = []Event{{Warning: true, Reason: EventRowRecreated, Message: fmt.Sprintf("The registry row of this Student was deleted at %s "+
+		"(%s, by %s) while the Student is live here: the cluster went back in time or is a clone. The row is written again from the Student",
+		stamp(e.At), e.Cause, e.Actor)}}
+	return d
+}
+
+// undo decides for a write that undoes production's past (a row ahead rewound, a
+// released row taken back): the API server confirms the Student first, and the bound
+// must have room.
+func undo(f Facts, d Decision, a Action) Decision {
+	if q, ok := confirmed(f); !ok {
+		return after(d, q)
+	}
+	rec, want := f.Row.Record, a.Record
+	if a.Op == Rewind {
+		if !f.UndoLeft {
+			return after(d, refuseUndo(studentv1.ReasonRegistryAhead, fmt.Sprintf("The registry row holds generation %d, newer than this Student's %d, "+
+				"and this controller has taken back %d rows since it started, its bound (--registry-max-rewinds): so many rows ahead looks "+
+				"like a cloned cluster that shares production's registry rather than an etcd restore. Nothing was written. If this "+
+				"cluster is the one the registry follows, restart the controller with a higher --registry-max-rewinds",
+				rec.Generation, want.Generation, f.MaxUndo), fmt.Sprintf("row %s is ahead of its Student and past the bound of rows taken back", rec.UID)))
+		}
+		d = d.with(a)
+		d.Events = []Event{{Warning: true, Reason: EventRegistryAhead, Message: fmt.Sprintf("The registry row held generation %d, newer "+
+			"than this Student's %d: the cluster went back to an earlier state (etcd restored from a backup) or the row was changed by hand. "+
+			"The row follows the Student again: %s, %s", rec.Generation, want.Generation, want.StudentName, want.School)}}
+		if f.Student.Deleting {
+			// It follows the Student first, then is released as it goes.
+			d = d.with(Action{Op: Release, Record: want, Why: registry.Why{Cause: registry.CauseFinalizer}}, Action{Op: RemoveFinalizer})
+			return d
+		}
+		return ready(d)
+	}
+	cause := cmp.Or(rec.ReleaseCause, "unknown cause")
+	if !f.UndoLeft {
+		return after(d, refuseUndo(studentv1.ReasonRowReleased, fmt.Sprintf("The registry row of this Student was released by this controller (%s) at %s, "+
+			"and this controller has taken back %d rows since it started, its bound (--registry-max-rewinds): so many looks like a cluster "+
+			"gone back in time wholesale or a clone, not one Student restored. Nothing was written. If this cluster is the one the registry "+
+			"follows, restart the controller with a higher --registry-max-rewinds", cause, stamp(rec.ReleasedAt), f.MaxUndo),
+			fmt.Sprintf("row %s was released and is past the bound of rows taken back", rec.UID)))
+	}
+	d = ready(d.with(a))
+	d.Events = []Event{{Warning: true, Reason: EventRowTakenBack, Message: fmt.Sprintf("The registry row was released by this controller (%s) "+
+		"at %s while this Student still exists (an etcd restore, or a Student missing for a while): it is this Student's again and written: "+
+		"%s, %s", cause, stamp(rec.ReleasedAt), want.StudentName, want.School)}}
+	return d
+}
+
+// confirmed says whether the API server has confirmed the cache's Student, and if
+// not, what to do instead.
+func confirmed(f Facts) (Decision, bool) {
+	switch f.Quorum {
+	case QuorumUnasked:
+		return ask(AskQuorum), false
+	case QuorumGone:
+		return Decision{Why: "the Student is gone from the API server"}, false
+	case QuorumChanged:
+		return Decision{Result: Retry, Why: "the cache is behind the API server for this Student"}, false
+	}
+	return Decision{}, true
+}
+
+// ready completes d with the Ready status and the Event of the row write it makes.
+func ready(d Decision) Decision {
+	d.Status = &Status{Ready: true, Reason: studentv1.ReasonSynced, Message: "The registry row matches the spec", Registry: FromRow}
+	if len(d.Events) > 0 {
+		return d
+	}
+	for _, a := range d.Actions {
+		if a.Op != Upsert {
+			continue
+		}
+		switch a.Why.Action {
+		case registry.ActionUpdated:
+			d.Events = append(d.Events, Event{Reason: EventRowUpdated, Message: fmt.Sprintf("Registry row written: %s, %s", a.Record.StudentName, a.Record.School)})
+		case registry.ActionRestored:
+			d.Events = append(d.Events, Event{Reason: EventRowRestored, Message: fmt.Sprintf("Registry row was missing and is written again: %s, %s", a.Record.StudentName, a.Record.School)})
+		}
+	}
+	return d
+}
+
+// after is then with the actions of d before its own.
+func after(d, then Decision) Decision {
+	then.Actions = append(slices.Clip(d.Actions), then.Actions...)
+	return then
+}
+
+// refuse writes nothing, and says why in the status and a Warning, once.
+func refuse(reason, msg, event, eventMsg, why string) Decision {
+	return Decision{Status: &Status{Reason: reason, Message: msg}, Result: Terminal, Why: why,
+		Events: []Event{{Warning: true, Reason: event, Message: eventMsg, OnChange: true}}}
+}
+
+// refuseUndo refuses a write past the bound of rows undone: a restart with a higher
+// bound, not a retry, changes it.
+func refuseUndo(reason, msg, why string) Decision {
+	return refuse(reason, msg, reason, msg, why)
+}
+
+// ownedElsewhere refuses a row that is another owner's: the controller never takes
+// one over.
+func ownedElsewhere(cause string) Decision {
+	msg := "The registry row belongs to another owner and is left alone: " + cause + ". If that owner's rows are to " +
+		"follow this controller, stop its controllers and run student-controller registry rename-owner; a row it released " +
+		"can be bound to a new Student with student-controller registry adopt"
+	d := refuse(studentv1.ReasonRowOwnedElsewhere, msg, EventRowOwnedElsewhere, msg, cause)
+	d.Status.Registry = ClearRegistry
+	return d
+}
+
+// notBound says why s may not have the row its row-uid annotation names: the row
+// records another Student's uid, or none; or, for a write, it is missing: writing it
+// would take another system's key on the word of an annotation alone. "" when the row
+// is bound to s, or (not for a write) there is no such row.
+func notBound(f Facts, write bool) string {
+	key, row := f.Student.RowKey, f.Row
+	switch {
+	case row.Read == Absent && write:
+		return fmt.Sprintf("the row %s that annotation %s names is missing (deleted by the system that wrote it, or by hand): put it back, "+
+			"or remove the annotation to give the Student a row of its own uid", key, studentv1.AnnotationRowUID)
+	case row.Read == Absent:
+		return ""
+	case row.Read == Malformed:
+		return fmt.Sprintf("the row %s that annotation %s names cannot be read, so whose it is cannot be told", key, studentv1.AnnotationRowUID)
+	case row.Record.StudentUID == f.Student.UID:
+		return ""
+	case row.Record.StudentUID == "":
+		return fmt.Sprintf("the row %s that annotation %s names is bound to no adopted Student (its key is its own Student's, or another system's "+
+			"that adopt did not bind): the annotation was set by hand; remove it", key, studentv1.AnnotationRowUID)
+	}
+	return fmt.Sprintf("the row %s that annotation %s names is bound to Student %s, not to this one: the annotation was copied; remove it",
+		key, studentv1.AnnotationRowUID, row.Record.StudentUID)
+}
+
+// observe decides for an observed Student: the row is compared and reported, never
+// written. The one write is a mark, once: a row this controller managed until now is
+// marked observed, so that no path that finds it without its Student lets it go.
+func observe(f Facts) Decision {
+	s, row := f.Student, f.Row
+	if row.Read == Unread {
+		return ask(AskRow)
+	}
+	var d Decision
+	if row.Read == Found && row.Record.Owner == f.Owner && row.Record.Management != registry.ManagementObserve {
+		d = d.with(Action{Op: MarkObserved, Record: row.Record, Why: registry.Why{Cause: registry.CauseObserved}})
+	}
+	differs := Drift(row.Record, row.Read == Found, row.Read == Malformed, s.Namespace, s.Name, s.Spec)
+	drifted := differs != ""
+	d.Status = &Status{Ready: true, Reason: studentv1.ReasonInLine, Drifted: &drifted,
+		Message: "The registry row matches the spec; the Student is observed, so the controller does not write it"}
+	switch {
+	case drifted:
+		d.Status.Ready, d.Status.Reason = false, studentv1.ReasonDrifted
+		d.Status.Message = "The registry row differs from the spec: " + differs + ". The Student is observed, so the controller does not write it; " +
+			"set spec.management to Manage to bring the row in line"
+		if !s.Drifted {
+			d.Events = []Event{{Warning: true, Reason: EventDrifted, Message: d.Status.Message}}
+		}
+	case s.Drifted:
+		d.Events = []Event{{Reason: EventInLine, Message: "The registry row matches the spec again"}}
+	}
+	return d
+}
+
+// Drift says how the row of an observed Student differs from its spec, "" when it
+// does not. found says whether the registry holds the row, malformed that it cannot
+// be read. Only what the row says of the student is compared, not what the controller
+// keeps in it (generation, owner, policy): an observed row is its writer's.
+func Drift(row registry.Record, found, malformed bool, namespace, name string, spec studentv1.StudentSpec) string {
+	switch {
+	case malformed:
+		return "the registry row cannot be read"
+	case !found:
+		return "the registry has no row for this Student"
+	}
+	var diffs []string
+	if row.Namespace != namespace || row.Name != name {
+		diffs = append(diffs, fmt.Sprintf("the row names the Student %s/%s", row.Namespace, row.Name))
+	}
+	if row.StudentName != spec.Name {
+		diffs = append(diffs, fmt.Sprintf("student_name is %q, spec.name %q", row.StudentName, spec.Name))
+	}
+	if row.School != spec.School {
+		diffs = append(diffs, fmt.Sprintf("school is %q, spec.school %q", row.School, spec.School))
+	}
+	return strings.Join(diffs, "; ")
+}
+
+// finalize decides for a Student being deleted that carries the finalizer: its row
+// is deleted or released per its policy, then the Student goes. A row that is not its
+// own to let go stays as it is, and the Student goes. The row is read first, so that
+// what plan says is what the finalizer does; the SQL guards the same against a race.
+func finalize(f Facts) Decision {
+	s, row := f.Student, f.Row
+	done := Action{Op: RemoveFinalizer}
+	if row.Read == Unread {
+		return ask(AskRow)
+	}
+	leave := func(reason, msg string) Decision {
+		return Decision{Actions: []Action{done}, Events: []Event{{Warning: true, Reason: reason, Message: "Registry row left alone: " + msg}}}
+	}
+	if s.NamesRow() {
+		if problem := notBound(f, false); problem != "" {
+			return leave(EventRowNotBound, problem)
+		}
+	}
+	rec := row.Record
+	ours := row.Read == Found && rec.Owner == f.Owner
+	switch {
+	case row.Refused != "":
+		return leave(EventRowOwnedElsewhere, row.Refused)
+	case s.Observed():
+		if ours && rec.Management != registry.ManagementObserve {
+			return Decision{Actions: []Action{{Op: MarkObserved, Record: rec, Why: registry.Why{Cause: registry.CauseObserved}}, done}}
+		}
+		return Decision{Actions: []Action{done}}
+	case row.Read == Absent:
+		return Decision{Actions: []Action{done}}
+	case row.Read == Found && !ours:
+		return leave(EventRowOwnedElsewhere, fmt.Sprintf("row %s is %s", rec.UID, OwnedBy(rec)))
+	case ours && rec.Management == registry.ManagementObserve:
+		// Switched to Manage and deleted before a sync managed the row again.
+		return leave(EventRowOwnedElsewhere, fmt.Sprintf("row %s is observed", rec.UID))
+	}
+	want := Want(f.Owner, s)
+	if ours && rec.Generation > want.Generation {
+		// Ahead of the Student (an etcd restore): it follows the Student first, then
+		// is released.
+		return undo(f, Decision{}, Action{Op: Rewind, Record: want, Ahead: rec.Generation, Undo: true})
+	}
+	if row.Stale {
+		return Decision{Result: Retry, Why: "the row changed since its write was refused"}
+	}
+	letGo := func(op Op, cause string) Decision {
+		return Decision{Actions: []Action{{Op: op, Record: want, Why: registry.Why{Cause: cause}}, done}}
+	}
+	switch {
+	case s.Policy() != studentv1.DeletionPolicyDelete && s.Spec.Validate() != "" && row.Read == Found:
+		// A spec the registry cannot hold: the row keeps its values as last written.
+		want.StudentName, want.School, want.Generation = rec.StudentName, rec.School, rec.Generation
+		return letGo(Release, registry.CauseFinalizer)
+	case row.Read == Malformed:
+		// Its values and its policy cannot be read: released as it stands.
+		return letGo(Relinquish, registry.CauseFinalizer)
+	case s.Policy() != studentv1.DeletionPolicyDelete:
+		// Orphan, or a policy the CRD refuses now, stored before it did: keeping the
+		// row is what can be undone.
+		return letGo(Release, registry.CauseFinalizer)
+	case f.CRD == CRDUnasked:
+		return ask(AskCRD)
+	case f.CRD == CRDDeleting:
+		// Deleted with its CRD, not by a user: absence, so released as it stands.
+		return letGo(Relinquish, registry.CauseCRDDeleted)
+	case rec.DeletionPolicy != registry.PolicyDelete:
+		// The row records another policy (an older backup put back): it goes as it
+		// records.
+		return letGo(Relinquish, registry.CauseFinalizer)
+	}
+	return letGo(Delete, registry.CauseFinalizer)
+}
+
+// Unavailable is the status of a Student whose sync the registry failed: retried.
+// Its message is fixed; the cause (hosts, users, files) goes to the log alone.
+func Unavailable(s Student) (Status, Event) {
+	msg := "The registry did not answer or refused the write; the controller retries (its log has the cause)"
+	if s.Deleting {
+		msg = "Waiting for the registry to let the row go; the controller retries (its log has the cause)"
+	}
+	return Status{Reason: studentv1.ReasonRegistryUnavailable, Message: msg},
+		Event{Warning: true, Reason: EventRegistryError, Message: msg, OnChange: true}
+}
