@@ -18,8 +18,8 @@ import (
 // Event reasons of an observed Student: its row drifted from the spec, or came back in
 // line. Each is sent once per change of the Drifted condition.
 const (
-	EventDrifted = "Drifted"
-	EventInLine  = "InLine"
+	EventDrifted = decide.EventDrifted
+	EventInLine  = decide.EventInLine
 )
 
 // observed says whether a Student only observes its row (spec.management: Observe).

@@ -26,16 +26,16 @@ import (
 // rows-written metric and the log (-v=2), and cost no request. Warnings are sent once
 // per change of the Student's status, not on every retry.
 const (
-	EventRowUpdated        = "RowUpdated"
-	EventRowRestored       = "RowRestored"
-	EventRegistryError     = "RegistryError"
-	EventRowOwnedElsewhere = "RowOwnedElsewhere"
-	EventRowNotBound       = "RowNotBound"
-	EventInvalidSpec       = "InvalidSpec"
+	EventRowUpdated        = decide.EventRowUpdated
+	EventRowRestored       = decide.EventRowRestored
+	EventRegistryError     = decide.EventRegistryError
+	EventRowOwnedElsewhere = decide.EventRowOwnedElsewhere
+	EventRowNotBound       = decide.EventRowNotBound
+	EventInvalidSpec       = decide.EventInvalidSpec
 	EventSweepRefused      = "SweepRefused"
-	EventRegistryAhead     = "RegistryAhead"
-	EventRowTakenBack      = "RowTakenBack"
-	EventRowRecreated      = "RowRecreated"
+	EventRegistryAhead     = decide.EventRegistryAhead
+	EventRowTakenBack      = decide.EventRowTakenBack
+	EventRowRecreated      = decide.EventRowRecreated
 )
 
 // sync brings the registry in line with one Student. It is level-based: it reads the
