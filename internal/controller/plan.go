@@ -183,7 +183,7 @@ func ComputePlan(in PlanInput) Plan {
 			if recordPolicy {
 				row.DeletionPolicy = want.DeletionPolicy // as ensureRow records it first
 			}
-			why, write := rowWrite(row, want, mine || malformed[want.UID], malformed[want.UID], wasWritten(s))
+			why, write := decide.RowWrite(row, want, mine || malformed[want.UID], malformed[want.UID], wasWritten(s))
 			switch {
 			case write:
 				add(s, planAction(why.Action), why.Cause)

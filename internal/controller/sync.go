@@ -175,7 +175,7 @@ func (c *Controller) ensureRow(ctx context.Context, s *studentv1.Student) (regis
 		}
 		row.DeletionPolicy = want.DeletionPolicy
 	}
-	why, write := rowWrite(row, want, exists, malformed, wasWritten(s))
+	why, write := decide.RowWrite(row, want, exists, malformed, wasWritten(s))
 	if !write {
 		return row, "", nil
 	}
@@ -232,26 +232,6 @@ func (c *Controller) wroteRow(ctx context.Context, row registry.Record, why regi
 	c.cfg.Metrics.observeRow(why.Action)
 	klog.FromContext(ctx).V(2).Info("Wrote registry row", "action", why.Action, "cause", why.Cause, "generation", row.Generation)
 	return row, why.Action, nil
-}
-
-// rowWrite says what ensureRow writes for a Student whose row should be want, when
-// the registry holds row (found says whether it holds one, malformed that it cannot
-// be read) and written says the Student's status reports a row written before: an
-// upsert and why, or nothing (false). plan decides with it too. A row of another
-// owner is not its to judge.
-func rowWrite(row, want registry.Record, found, malformed, written bool) (registry.Why, bool) {
-	switch {
-	case found && !malformed && decide.SameRow(row, want):
-		return registry.Why{}, false
-	case found && !malformed && row.Generation != want.Generation:
-		return registry.Why{Action: rowUpdated, Cause: registry.CauseSpecChange}, true
-	case found:
-		return registry.Why{Action: rowUpdated, Cause: registry.CauseDrift}, true
-	case written:
-		// Status says a row was written before: it went missing.
-		return registry.Why{Action: rowRestored, Cause: registry.CauseRestore}, true
-	}
-	return registry.Why{Action: rowCreated, Cause: registry.CauseNewStudent}, true
 }
 
 // report writes the Student's status from its row, and an Event when the row was
@@ -533,30 +513,7 @@ func recordOf(owner string, s *studentv1.Student) registry.Record {
 // newRecord is the registry row of key row of the Student namespace/name of uid,
 // generation and spec, written by owner.
 func newRecord(owner, row string, uid types.UID, namespace, name string, generation int64, spec studentv1.StudentSpec) registry.Record {
-	studentUID := ""
-	if row != string(uid) {
-		studentUID = string(uid)
-	}
-	return registry.Record{
-		UID:            row,
-		StudentUID:     studentUID,
-		Namespace:      namespace,
-		Name:           name,
-		StudentName:    spec.Name,
-		School:         spec.School,
-		Owner:          owner,
-		Generation:     generation,
-		DeletionPolicy: string(decide.SpecPolicy(spec)),
-		Management:     rowManagement(spec),
-	}
-}
-
-// rowManagement is what a row records of its Student's spec.management.
-func rowManagement(spec studentv1.StudentSpec) string {
-	if observed(spec) {
-		return registry.ManagementObserve
-	}
-	return ""
+	return decide.Want(owner, decide.Student{Namespace: namespace, Name: name, UID: string(uid), Generation: generation, Spec: spec, RowKey: row})
 }
 
 func policy(s *studentv1.Student) studentv1.DeletionPolicy { return decide.SpecPolicy(s.Spec) }

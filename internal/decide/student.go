@@ -96,7 +96,7 @@ func reconcile(f Facts) Decision {
 		// Refused as older, yet the row read since is not ahead: it changed again.
 		return after(d, Decision{Result: Retry, Why: "the row changed since its write was refused"})
 	}
-	why, write := rowWrite(rec, want, found || row.Read == Malformed, row.Read == Malformed, s.Written)
+	why, write := RowWrite(rec, want, found || row.Read == Malformed, row.Read == Malformed, s.Written)
 	if !write {
 		return ready(d)
 	}
@@ -108,10 +108,10 @@ func reconcile(f Facts) Decision {
 	return ready(d.with(upsert))
 }
 
-// rowWrite says what to write for a Student whose row should be want, when the
+// RowWrite says what to write for a Student whose row should be want, when the
 // registry holds row (found: it holds one; malformed: unreadable) and written says
 // the Student's status reports a row written before: an upsert and why, or nothing.
-func rowWrite(row, want registry.Record, found, malformed, written bool) (registry.Why, bool) {
+func RowWrite(row, want registry.Record, found, malformed, written bool) (registry.Why, bool) {
 	switch {
 	case found && !malformed && SameRow(row, want):
 		return registry.Why{}, false
