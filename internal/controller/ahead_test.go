@@ -316,7 +316,7 @@ func TestRecreateBound(t *testing.T) {
 	}
 	events := f.events()
 	slices.Sort(events)
-	if diff := cmp.Diff([]string{"Normal RowRestored", "Normal RowRestored", "Warning RowDeleted", "Warning RowRecreated"}, events); diff != "" {
+	if diff := cmp.Diff([]string{"Normal RowRestored", "Warning RowDeleted", "Warning RowRecreated"}, events); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }

@@ -31,7 +31,8 @@ func decoded(t testing.TB, name string, opts ...studentOption) *studentv1.Studen
 	s := newStudent(name, append([]studentOption{func(s *studentv1.Student) {
 		s.Finalizers = []string{Finalizer}
 		s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate}}
-		s.Status.Conditions = []metav1.Condition{ready()}
+		s.Status.Conditions = []metav1.Condition{{Type: studentv1.ConditionReady, Status: metav1.ConditionTrue,
+			Reason: studentv1.ReasonSynced, Message: "The registry row matches the spec"}}
 		s.Status.Registry = &studentv1.RegistryStatus{Owner: "student-controller", WrittenGeneration: 1}
 	}}, opts...)...)
 	b, err := json.Marshal(s)

@@ -114,3 +114,35 @@ func TestSyncRewritesMalformedRow(t *testing.T) {
 		t.Errorf("conditions after the rewrite: %+v", c)
 	}
 }
+
+// TestFinalizeOrphanInvalidSpecMalformedRow: an Orphan Student whose spec the registry
+// cannot hold (stored before the CRD refused it) is deleted while another writer has
+// broken its row. Its values cannot be kept as last written, so the row is released
+// as it stands, and the deletion finishes instead of retrying for ever.
+func TestFinalizeOrphanInvalidSpecMalformedRow(t *testing.T) {
+	s := newStudent("a", orphan, withFinalizer, synced(start), deleting, func(s *studentv1.Student) { s.Spec.Name = "a\x00b" })
+	f := newFixture(t, s)
+	f.put(recordOf(owner, newStudent("a", orphan)))
+	conn, err := f.rawDB().Conn(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := registrytest.BypassChecks(f.ctx, conn, "sqlite"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(f.ctx, "UPDATE students SET generation = 'three' WHERE uid = 'uid-a'"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+
+	if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+		t.Fatalf("finalize: %v, want the deletion to finish", err)
+	}
+	if got := f.get("school", "a"); slices.Contains(got.Finalizers, Finalizer) {
+		t.Errorf("the finalizer is still on the Student: %v", got.Finalizers)
+	}
+	var owned string
+	if err := f.rawDB().QueryRowContext(f.ctx, "SELECT coalesce(owner, '') FROM students WHERE uid = 'uid-a'").Scan(&owned); err != nil || owned != "" {
+		t.Errorf("the row: owner %q, %v; want it kept, released", owned, err)
+	}
+}

@@ -10,24 +10,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
-
-func ready() metav1.Condition {
-	return metav1.Condition{
-		Type: studentv1.ConditionReady, Status: metav1.ConditionTrue,
-		Reason: studentv1.ReasonSynced, Message: "The registry row matches the spec",
-	}
-}
-
-func notReady(reason, message string) metav1.Condition {
-	return metav1.Condition{
-		Type: studentv1.ConditionReady, Status: metav1.ConditionFalse,
-		Reason: reason, Message: message,
-	}
-}
 
 // registryStatus is what the status shows of a stored row. Times are kept to the
 // second, as the API server stores them, so that an unchanged row compares equal.
@@ -36,38 +24,80 @@ func registryStatus(row registry.Record) *studentv1.RegistryStatus {
 	return &studentv1.RegistryStatus{Owner: row.Owner, LastWrittenTime: &written, WrittenGeneration: row.Generation}
 }
 
-// updateStatus sets the Ready condition, observedGeneration and registry facts on s
-// and writes the status, only if that changed anything. It reports whether it wrote.
-// The status it writes is also no longer paused, and records a reconcile request as
-// handled.
+// updateStatus writes the status the decision wants (st) on s, only if that changes
+// anything, and reports whether it wrote: the one place a Student's status is written.
+// row is the row written or found, for status.registry. The status it writes is no
+// longer paused, and records a reconcile request as handled. The paused form sets
+// Synced=False alone, and leaves the rest as the controller last saw it.
 //
-// drifted is the Drifted condition of an observed Student's report (nil otherwise: a
-// managed Student's status then holds none, and an observed one's keeps what it had). A drifted Student is counted in students_drifted, not in
-// students_not_ready: drift is what observing reports, not a fault.
-func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, cond metav1.Condition, reg *studentv1.RegistryStatus, drifted ...metav1.Condition) (bool, error) {
+// A drifted Student is counted in students_drifted, not in students_not_ready: drift
+// is what observing reports, not a fault.
+func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st decide.Status, row registry.Record) (bool, error) {
 	key := cache.MetaObjectToName(s).String()
-	c.cfg.Metrics.observeReady(key, cond.Status == metav1.ConditionTrue || cond.Reason == studentv1.ReasonDrifted)
-	if len(drifted) > 0 || !observed(s.Spec) {
+	now := metav1.NewTime(c.clock.Now().Truncate(time.Second))
+	status := *s.Status.DeepCopy()
+	if st.Paused {
+		return c.writePaused(ctx, s, status, now)
+	}
+	c.cfg.Metrics.observeReady(key, st.Ready || st.Reason == studentv1.ReasonDrifted)
+	if st.Drifted != nil || !observed(s.Spec) {
 		// An observed Student's failure (the registry out of reach) keeps what it last
 		// found, as its status does.
-		c.cfg.Metrics.observeDrifted(key, len(drifted) > 0 && drifted[0].Status == metav1.ConditionTrue)
+		c.cfg.Metrics.observeDrifted(key, st.Drifted != nil && *st.Drifted)
 	}
-	status := *s.Status.DeepCopy()
 	status.ObservedGeneration = s.Generation
-	status.Registry = reg
-	if len(drifted) == 0 && !observed(s.Spec) {
+	switch st.Registry {
+	case decide.FromRow:
+		status.Registry = registryStatus(row)
+	case decide.ClearRegistry:
+		status.Registry = nil
+	}
+	conds := []metav1.Condition{{Type: studentv1.ConditionReady, Status: metav1.ConditionFalse, Reason: st.Reason, Message: st.Message}}
+	if st.Ready {
+		conds[0].Status = metav1.ConditionTrue
+	}
+	if st.Drifted != nil {
+		drifted := metav1.Condition{Type: studentv1.ConditionDrifted, Status: metav1.ConditionFalse, Reason: studentv1.ReasonInLine,
+			Message: "The registry row matches the spec"}
+		if *st.Drifted {
+			drifted.Status, drifted.Reason, drifted.Message = metav1.ConditionTrue, studentv1.ReasonDrifted, st.Message
+		}
+		conds = append(conds, drifted)
+	} else if !observed(s.Spec) {
 		meta.RemoveStatusCondition(&status.Conditions, studentv1.ConditionDrifted)
 	}
-	for _, cond := range append([]metav1.Condition{cond}, drifted...) {
+	for _, cond := range conds {
 		cond.ObservedGeneration = s.Generation
-		cond.LastTransitionTime = metav1.NewTime(c.clock.Now().Truncate(time.Second))
+		cond.LastTransitionTime = now
 		// Keeps the transition time when the condition's status did not change.
 		meta.SetStatusCondition(&status.Conditions, cond)
 	}
-	unpausedStatus(&status)
+	meta.RemoveStatusCondition(&status.Conditions, studentv1.ConditionSynced)
 	if token := reconcileRequest(s); token != "" && utf8.RuneCountInString(token) <= maxReconcileToken {
 		status.LastHandledReconcileAt = token
 	}
+	return c.writeStatus(ctx, s, status)
+}
+
+// writePaused is updateStatus's paused form: Synced=False, reason Paused.
+func (c *Controller) writePaused(ctx context.Context, s *studentv1.Student, status studentv1.StudentStatus, now metav1.Time) (bool, error) {
+	msg := fmt.Sprintf("Paused by the annotation %s: the controller does not write the registry row until it is removed", studentv1.AnnotationPaused)
+	if s.DeletionTimestamp != nil {
+		msg = fmt.Sprintf("Paused by the annotation %s: the deletion waits, and the row stays as it is, until it is removed", studentv1.AnnotationPaused)
+	}
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: studentv1.ConditionSynced, Status: metav1.ConditionFalse,
+		Reason: studentv1.ReasonPaused, Message: msg, ObservedGeneration: s.Generation, LastTransitionTime: now})
+	since := meta.FindStatusCondition(status.Conditions, studentv1.ConditionSynced).LastTransitionTime.Time
+	c.cfg.Metrics.observePaused(cache.MetaObjectToName(s).String(), since)
+	changed, err := c.writeStatus(ctx, s, status)
+	if changed {
+		klog.FromContext(ctx).Info("Student paused: nothing is written for it until the annotation goes", "annotation", studentv1.AnnotationPaused)
+	}
+	return changed, err
+}
+
+// writeStatus writes status on s when it differs from what s has.
+func (c *Controller) writeStatus(ctx context.Context, s *studentv1.Student, status studentv1.StudentStatus) (bool, error) {
 	if equality.Semantic.DeepEqual(s.Status, status) {
 		return false, nil
 	}
@@ -78,4 +108,9 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, con
 	}
 	*s = *updated
 	return true, nil
+}
+
+// isDrifted says whether s's status says its observed row differs from its spec.
+func isDrifted(s *studentv1.Student) bool {
+	return meta.IsStatusConditionTrue(s.Status.Conditions, studentv1.ConditionDrifted)
 }

@@ -57,6 +57,9 @@ func TestWritesTakeOnePath(t *testing.T) {
 				if !ok {
 					return true
 				}
+				if pkg, ok := sel.X.(*ast.Ident); ok && pkg.Name == "decide" {
+					return true // decide's Ops name the writes; they write nothing
+				}
 				checked++
 				name := sel.Sel.Name
 				switch {

@@ -376,14 +376,6 @@ func finalize(f Facts) Decision {
 		return leave(EventRowOwnedElsewhere, fmt.Sprintf("row %s is observed", rec.UID))
 	}
 	want := Want(f.Owner, s)
-	if ours && rec.Generation > want.Generation {
-		// Ahead of the Student (an etcd restore): it follows the Student first, then
-		// is released.
-		return undo(f, Decision{}, Action{Op: Rewind, Record: want, Ahead: rec.Generation, Undo: true})
-	}
-	if row.Stale {
-		return Decision{Result: Retry, Why: "the row changed since its write was refused"}
-	}
 	letGo := func(op Op, cause string) Decision {
 		return Decision{Actions: []Action{{Op: op, Record: want, Why: registry.Why{Cause: cause}}, done}}
 	}
@@ -395,6 +387,12 @@ func finalize(f Facts) Decision {
 	case row.Read == Malformed:
 		// Its values and its policy cannot be read: released as it stands.
 		return letGo(Relinquish, registry.CauseFinalizer)
+	case s.Policy() != studentv1.DeletionPolicyDelete && rec.Generation > want.Generation:
+		// Ahead of the Student (an etcd restore): it follows the Student first, then
+		// is released with its values.
+		return undo(f, Decision{}, Action{Op: Rewind, Record: want, Ahead: rec.Generation, Undo: true})
+	case s.Policy() != studentv1.DeletionPolicyDelete && row.Stale:
+		return Decision{Result: Retry, Why: "the row changed since its write was refused"}
 	case s.Policy() != studentv1.DeletionPolicyDelete:
 		// Orphan, or a policy the CRD refuses now, stored before it did: keeping the
 		// row is what can be undone.

@@ -1,0 +1,290 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/student-controller/student-controller/internal/decide"
+	"github.com/student-controller/student-controller/internal/registry"
+	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
+)
+
+// errNewFact: a write's answer is a fact the decision did not have (the row is there,
+// ahead, not this owner's; the bound of undos is reached): decide again.
+var errNewFact = errors.New("a write found a new fact")
+
+// errCacheBehind: the API server holds a newer version of the Student than the cache;
+// the sync waits for the watch to bring it (retried).
+var errCacheBehind = errors.New("the cache is behind the API server for this Student")
+
+// apply runs the actions in order, through writes. It returns the Student as last
+// written and the row as last written (or as found, when none was), and errNewFact,
+// with the fact set in f, when a write's answer calls for another decision.
+func (c *Controller) apply(ctx context.Context, s *studentv1.Student, f *decide.Facts, actions []decide.Action) (*studentv1.Student, registry.Record, error) {
+	row := f.Row.Record
+	for _, a := range actions {
+		if a.Undo && !c.takeUndo() {
+			f.UndoLeft = false
+			return s, row, errNewFact
+		}
+		written, err := c.do(ctx, s, a)
+		if a.Undo && err != nil {
+			c.giveUndoBack()
+		}
+		switch {
+		case err == nil:
+		case a.Op == decide.MarkObserved && errors.Is(err, registry.ErrNotOwned):
+			// Not this owner's to mark: nothing to keep from letting go.
+			continue
+		case errors.Is(err, registry.ErrExists):
+			f.Row.Exists = true
+			return s, row, errNewFact
+		case errors.Is(err, registry.ErrStale):
+			f.Row.Stale = true
+			return s, row, errNewFact
+		case errors.Is(err, registry.ErrNotOwned), errors.Is(err, registry.ErrObserved):
+			f.Row.Refused = err.Error()
+			return s, row, errNewFact
+		default:
+			return s, row, err
+		}
+		switch a.Op {
+		case decide.AddFinalizer:
+			s, f.Student.Finalizer = written.student, true
+		case decide.RemoveFinalizer:
+		default:
+			if written.wrote {
+				row = written.row
+			}
+			c.observeWrite(ctx, a, written)
+		}
+	}
+	return s, row, nil
+}
+
+// written is what one action's write returned.
+type written struct {
+	student *studentv1.Student
+	row     registry.Record
+	wrote   bool // row holds the row written
+	outcome registry.Outcome
+}
+
+// do makes the write of one action. Registry failures come back as registryError.
+func (c *Controller) do(ctx context.Context, s *studentv1.Student, a decide.Action) (written, error) {
+	var out written
+	var err error
+	rec := a.Record
+	switch a.Op {
+	case decide.AddFinalizer:
+		s.Finalizers = append(s.Finalizers, Finalizer)
+		if out.student, err = c.write.setFinalizers(ctx, s); err != nil {
+			return out, fmt.Errorf("add finalizer: %w", err)
+		}
+		return out, nil
+	case decide.RemoveFinalizer:
+		s.Finalizers = slices.DeleteFunc(s.Finalizers, func(f string) bool { return f == Finalizer })
+		if _, err := c.write.setFinalizers(ctx, s); err != nil && !apierrors.IsNotFound(err) {
+			return out, fmt.Errorf("remove finalizer: %w", err)
+		}
+		return out, nil
+	case decide.Insert:
+		out.row, err = c.write.insert(ctx, rec, a.Why.Cause)
+		out.wrote = true
+	case decide.Upsert:
+		out.row, err = c.write.upsert(ctx, rec, a.Why)
+		out.wrote = true
+	case decide.Rewind:
+		out.row, err = c.write.rewind(ctx, rec, a.Ahead)
+		out.wrote = true
+	case decide.TakeBack:
+		out.row, err = c.write.takeBack(ctx, rec, a.Why.Cause)
+		out.wrote = true
+	case decide.MarkObserved:
+		err = c.write.markObserved(ctx, rec.UID, c.cfg.Owner)
+	case decide.RecordPolicy:
+		err = c.write.recordPolicy(ctx, rec.UID, c.cfg.Owner, rec.DeletionPolicy)
+	case decide.Delete:
+		out.outcome, err = c.write.delete(ctx, rec.UID, c.cfg.Owner, a.Why.Cause)
+	case decide.Relinquish:
+		out.outcome, err = c.write.relinquish(ctx, rec.UID, c.cfg.Owner, a.Why.Cause)
+	case decide.Release:
+		var released bool
+		released, err = c.write.release(ctx, rec, a.Why.Cause)
+		if released {
+			out.outcome = registry.Released
+		}
+	default:
+		return out, fmt.Errorf("no write for the action %s", a.Op)
+	}
+	switch {
+	case err == nil, errors.Is(err, ErrNotLeading), errors.Is(err, registry.ErrFenced), errors.Is(err, registry.ErrExists),
+		errors.Is(err, registry.ErrStale), errors.Is(err, registry.ErrNotOwned), errors.Is(err, registry.ErrObserved):
+		return out, err
+	}
+	return out, registryError{err}
+}
+
+// observeWrite counts and logs a row write that was made.
+func (c *Controller) observeWrite(ctx context.Context, a decide.Action, w written) {
+	logger := klog.FromContext(ctx)
+	switch a.Op {
+	case decide.Insert, decide.Upsert:
+		c.cfg.Metrics.observeRow(a.Why.Action)
+		if a.Undo {
+			c.cfg.Metrics.observeUndone(undoneRecreated)
+		}
+		logger.V(2).Info("Wrote registry row", "action", a.Why.Action, "cause", a.Why.Cause, "generation", w.row.Generation)
+	case decide.Rewind:
+		c.cfg.Metrics.observeRow(rowUpdated)
+		c.cfg.Metrics.observeRegistryAhead()
+		logger.Info("Registry row was ahead of its Student; it follows the Student again", "rowGeneration", a.Ahead, "generation", a.Record.Generation)
+	case decide.TakeBack:
+		c.cfg.Metrics.observeRow(rowRestored)
+		c.cfg.Metrics.observeUndone(undoneTakenBack)
+		logger.Info("Took back a registry row this controller had released")
+	case decide.MarkObserved:
+		logger.V(2).Info("Registry row marked observed: the controller no longer writes it")
+	case decide.Delete, decide.Relinquish, decide.Release:
+		c.observeLetGo(w.outcome, a.Why.Cause == registry.CauseCRDDeleted)
+		if w.outcome != registry.Absent {
+			logger.V(2).Info("Registry row gone from this controller", "action", w.outcome, "cause", a.Why.Cause)
+		}
+	}
+}
+
+// observeLetGo counts a row that Delete or Relinquish deleted or released; absent
+// says its Student was not found (no finalizer ran for it).
+func (c *Controller) observeLetGo(outcome registry.Outcome, absent bool) {
+	switch outcome {
+	case registry.Deleted:
+		c.cfg.Metrics.observeRow(rowDeleted)
+	case registry.Released:
+		c.cfg.Metrics.observeRow(rowReleased)
+		if absent {
+			c.cfg.Metrics.observeReleasedAbsent()
+		}
+	}
+}
+
+// report writes the status the decision asks for, once and only if it changed, posts
+// its Events, and returns its result. A status write that finds the Student gone
+// undoes the row write: the cache was behind.
+func (c *Controller) report(ctx context.Context, s *studentv1.Student, f decide.Facts, d decide.Decision, row registry.Record) error {
+	key := cache.MetaObjectToName(s).String()
+	changed := false
+	if d.Status != nil {
+		var err error
+		if changed, err = c.updateStatus(ctx, s, *d.Status, row); err != nil {
+			return c.statusFailed(ctx, s, d, err)
+		}
+		if d.Status.Ready || d.Status.Drifted != nil {
+			c.cfg.Metrics.observeReported(key, s.Generation, c.clock.Now())
+		}
+	}
+	for _, e := range d.Events {
+		if e.OnChange && !changed {
+			continue
+		}
+		kind := corev1.EventTypeNormal
+		if e.Warning {
+			kind = corev1.EventTypeWarning
+		}
+		c.write.event(s, kind, e.Reason, e.Message)
+	}
+	switch {
+	case d.Result == decide.Terminal:
+		if undoReason(d.Status) {
+			c.cfg.Metrics.observeRewriteRefused()
+		}
+		return terminal(errors.New(d.Why))
+	case d.Result == decide.Retry && f.Quorum == decide.QuorumChanged:
+		return errCacheBehind
+	case d.Result == decide.Retry:
+		return errors.New(d.Why)
+	case f.Quorum == decide.QuorumGone:
+		c.cfg.Metrics.forget(key)
+	}
+	return nil
+}
+
+// undoReason says whether status refuses an undo past the bound.
+func undoReason(st *decide.Status) bool {
+	return st != nil && (st.Reason == studentv1.ReasonRegistryAhead || st.Reason == studentv1.ReasonRowReleased || st.Reason == studentv1.ReasonRowDeleted)
+}
+
+// statusFailed handles a failed status write after the decision's row writes. A
+// Student gone since was behind in the cache: the row it wrote is let go.
+func (c *Controller) statusFailed(ctx context.Context, s *studentv1.Student, d decide.Decision, err error) error {
+	wrote, created := false, false
+	for _, a := range d.Actions {
+		switch a.Op {
+		case decide.Insert, decide.Upsert, decide.Rewind, decide.TakeBack:
+			wrote, created = true, created || a.Why.Action == registry.ActionCreated
+		}
+	}
+	switch {
+	case !wrote:
+		if apierrors.IsNotFound(err) && d.Result == decide.Terminal {
+			return nil
+		}
+		return err
+	case apierrors.IsNotFound(errors.Unwrap(err)) || apierrors.IsNotFound(err):
+		return c.undoStaleWrite(ctx, s)
+	case created:
+		// Whether the Student is gone must be known now: if it is, the retry finds no
+		// Student in the cache and leaves the row to the next sweep.
+		live, getErr := c.liveStudent(ctx, s.Namespace, s.Name, s.UID)
+		if getErr != nil {
+			return errors.Join(err, fmt.Errorf("ask whether the Student is gone: %w", getErr))
+		}
+		if live == nil {
+			return c.undoStaleWrite(ctx, s)
+		}
+	}
+	return err
+}
+
+// undoStaleWrite lets go of the row of a Student that the API server no longer has,
+// when the status write that follows a row write finds it gone. This cache was
+// behind: a replica that has just taken the lead can still hold a Student that the
+// previous leader finalized, its row deleted; the sync then wrote the row again. It is
+// released, since absence destroys nothing. A row already released stays.
+func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
+	outcome, err := c.write.relinquish(ctx, RowUID(s), c.cfg.Owner, registry.CauseStaleCache)
+	if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
+		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
+	}
+	c.observeLetGo(outcome, true)
+	if outcome != registry.Absent {
+		klog.FromContext(ctx).Info("The Student was gone when its status was written: let go of the row written from a cache that was behind", "action", outcome)
+	}
+	return nil
+}
+
+// failed reports a failure of the sync. A registry failure is reported on the
+// Student (a fixed message: the cause, with hosts and file names, goes to the log
+// alone) and returned for retry; anything else is returned as it is.
+func (c *Controller) failed(ctx context.Context, s *studentv1.Student, cause error) error {
+	var reg registryError
+	if !errors.As(cause, &reg) {
+		return cause
+	}
+	status, event := decide.Unavailable(c.facts(s).Student)
+	changed, err := c.updateStatus(ctx, s, status, registry.Record{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return errors.Join(cause, err)
+	}
+	if changed {
+		// Once per outage and Student: the retries that find status saying so send nothing.
+		c.write.warn(s, event.Reason, event.Message)
+	}
+	return fmt.Errorf("registry: %w", reg.err)
+}
