@@ -128,6 +128,7 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	report.Plan, err = controller.PlanFor(ctx, rows, controller.PlanScope{
 		Owner: opts.owner, Scope: opts.scope,
 		SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent, NoSweep: opts.sweepInterval == 0,
+		MaxUndo: opts.maxRewinds,
 		Exists: func(ctx context.Context, row registry.Record) (bool, error) {
 			return studentThere(ctx, students, row)
 		},

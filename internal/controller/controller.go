@@ -67,6 +67,9 @@ type rowReader interface {
 	CheckSchema(ctx context.Context) error
 }
 
+// defaultMaxRewinds is Config.MaxRewinds when unset.
+const defaultMaxRewinds = 100
+
 // Config tunes a Controller. Owner is required; zero values elsewhere take defaults.
 type Config struct {
 	// Owner marks the rows this controller writes; it never changes another owner's rows.
@@ -93,7 +96,7 @@ type Config struct {
 	// MaxRewinds bounds the rows ahead of their Students (an etcd restore) that this
 	// controller takes back to its Students (Rewind) from its start; past it a row
 	// ahead makes its Student not Ready instead, since so many rows ahead looks like a
-	// cloned cluster writing to production's registry. 0 means 100.
+	// cloned cluster writing to production's registry. 0 means defaultMaxRewinds.
 	MaxRewinds int
 	// SyncTimeout bounds one sync, registry and API calls included (a registry write
 	// that shares its transaction waits for it to end: up to this long again). It also
@@ -207,7 +210,7 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 		return nil, fmt.Errorf("max rewinds must not be negative, got %d", cfg.MaxRewinds)
 	}
 	if cfg.MaxRewinds == 0 {
-		cfg.MaxRewinds = 100
+		cfg.MaxRewinds = defaultMaxRewinds
 	}
 	if cfg.RateLimiter == nil {
 		cfg.RateLimiter = DefaultRateLimiter()

@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
@@ -110,9 +111,17 @@ func (c *Controller) Plan(ctx context.Context) (Plan, error) {
 	for i, s := range cached {
 		students[i] = s.student()
 	}
+	deleting, err := c.crdDeleting(ctx)
+	if err != nil {
+		return Plan{}, err
+	}
+	crd := decide.CRDCurrent
+	if deleting {
+		crd = decide.CRDDeleting
+	}
 	return PlanFor(ctx, c.rows, PlanScope{
 		Owner: c.cfg.Owner, Scope: c.cfg.Scope, Exists: c.studentExists,
 		SweepMaxDeletions: c.cfg.SweepMaxDeletions, SweepMaxDeletionPercent: c.cfg.SweepMaxDeletionPercent,
-		NoSweep: c.cfg.SweepInterval == 0,
+		NoSweep: c.cfg.SweepInterval == 0, CRD: crd, MaxUndo: c.cfg.MaxRewinds,
 	}, students)
 }

@@ -99,100 +99,133 @@ type PlanInput struct {
 	NoSweep bool
 	// Released are the rows Owner released that nobody has taken since, in scope.
 	Released []registry.Record
+	// Deleted are the last history rows of the missing rows of Students in scope,
+	// where that row is a delete, by row uid.
+	Deleted map[string]registry.HistoryEntry
+	// CRD is the state of the served Student CRD, current when unset.
+	CRD decide.CRD
+	// MaxUndo is the bound of rows undone (Config.MaxRewinds), 100 when unset.
+	MaxUndo int
 }
 
 // ComputePlan says what the controller would do for in: each Student as its sync
-// would treat it (rowWrite, shared with ensureRow, decides the row write), and the
-// orphan rows as the sweep would. It is a pure function of its input.
+// decides (decide.Settle, over the row read first), and the orphan rows as the sweep
+// would. It is a pure function of its input.
 func ComputePlan(in PlanInput) Plan {
-	owned := make(map[string]registry.Record, len(in.Rows))
-	for _, r := range in.Rows {
-		owned[r.UID] = r
-	}
-	malformed := make(map[string]bool, len(in.Malformed))
-	for _, m := range in.Malformed {
-		malformed[m.UID] = true
-	}
 	plan := Plan{Students: len(in.Students), Rows: len(in.Rows), Malformed: len(in.Malformed)}
-	add := func(s *studentv1.Student, action, cause string) {
-		plan.Actions = append(plan.Actions, PlannedAction{Action: action, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Cause: cause})
-	}
+	rows := in.rowFacts()
+	maxUndo := cmp.Or(in.MaxUndo, defaultMaxRewinds)
+	undone := 0
 	seen := make(map[string]bool, len(in.Students))
 	for _, s := range in.Students {
-		key := RowUID(s)
-		seen[key] = true
-		row, mine := owned[key]
-		other, theirs := in.Others[key]
-		finalizing := s.DeletionTimestamp != nil && slices.Contains(s.Finalizers, Finalizer)
-		switch {
-		case paused(s) && (s.DeletionTimestamp == nil || finalizing):
+		f := studentFacts(in.Owner, s)
+		seen[f.Student.RowKey] = true
+		f.Row = cmp.Or(rows[f.Student.RowKey], decide.Row{Read: decide.Absent})
+		f.UndoLeft, f.MaxUndo = undone < maxUndo, maxUndo
+		d, err := decide.Settle(&f, in.answer)
+		if err != nil {
+			plan.Actions = append(plan.Actions, PlannedAction{Action: PlanRefuse, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Cause: err.Error()})
+			continue
+		}
+		if d.Status != nil && d.Status.Paused {
 			plan.Paused++
-		case s.DeletionTimestamp != nil:
-			if !finalizing {
-				continue // not this controller's to let go
+			continue
+		}
+		for _, a := range d.Actions {
+			if a.Undo {
+				undone++ // the bound holds across Students, as the sync's counter does
 			}
-			held := mine || malformed[key] // a row it cannot read goes too
-			switch {
-			case observed(s.Spec):
-				if mine && row.Management != registry.ManagementObserve {
-					add(s, PlanUpdate, planMarkObserved)
-				}
-				add(s, PlanFinalize, "observed: the row is left as it is")
-			case mine && row.Management == registry.ManagementObserve:
-				// Switched to Manage and deleted before a sync managed the row again.
-				add(s, PlanFinalize, "the row is marked observed and is left as it is")
-			case held && policy(s) == studentv1.DeletionPolicyDelete && (!mine || row.DeletionPolicy == registry.PolicyDelete):
-				// Deleted only when the row records Delete too (a row it cannot read
-				// goes by the policy stored in it, which the plan cannot know).
-				add(s, PlanDelete, registry.CauseFinalizer)
-			case held:
-				add(s, PlanRelease, registry.CauseFinalizer)
-			case theirs:
-				add(s, PlanFinalize, "the row is "+decide.OwnedBy(other)+" and is left alone")
-			default:
-				add(s, PlanFinalize, "no row")
-			}
-		case s.Spec.Validate() != "":
-			add(s, PlanRefuse, "invalid spec: "+s.Spec.Validate())
-		case observed(s.Spec):
-			stored, found := row, mine
-			if theirs {
-				stored, found = other, true
-			}
-			if mine && row.Management != registry.ManagementObserve {
-				add(s, PlanUpdate, planMarkObserved)
-			}
-			if d := decide.Drift(stored, found, malformed[key], s.Namespace, s.Name, s.Spec); d != "" {
-				add(s, PlanDrifted, d)
-			}
-		case !slices.Contains(s.Finalizers, Finalizer):
-			// The sync puts it on first, and then does the rest; the plan says both.
-			add(s, PlanAddFinalizer, "before the row is written")
-			fallthrough
-		default:
-			if theirs && decide.TakenBack(other, in.Owner) {
-				add(s, PlanRestore, registry.CauseTakenBack)
-				continue
-			}
-			if theirs {
-				add(s, PlanRefuse, "the row is "+decide.OwnedBy(other))
-				continue
-			}
-			want := recordOf(in.Owner, s)
-			recordPolicy := mine && row.DeletionPolicy == ""
-			if recordPolicy {
-				row.DeletionPolicy = want.DeletionPolicy // as ensureRow records it first
-			}
-			why, write := decide.RowWrite(row, want, mine || malformed[want.UID], malformed[want.UID], wasWritten(s))
-			switch {
-			case write:
-				add(s, planAction(why.Action), why.Cause)
-			case recordPolicy:
-				add(s, PlanUpdate, "its deletion policy is recorded")
+		}
+		plan.Actions = append(plan.Actions, planned(s, d)...)
+	}
+	plan.sweep(in, seen)
+	// Stable: a Student's finalizer comes before its row.
+	slices.SortStableFunc(plan.Actions, func(a, b PlannedAction) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
+	})
+	return plan
+}
+
+// rowFacts is what the plan knows of each row, by uid: read first, as a sync would
+// find it. A row of another owner that cannot be read is refused as theirs.
+func (in PlanInput) rowFacts() map[string]decide.Row {
+	rows := make(map[string]decide.Row, len(in.Rows)+len(in.Malformed)+len(in.Others))
+	for _, r := range in.Rows {
+		rows[r.UID] = decide.Row{Read: decide.Found, Record: r}
+	}
+	for _, m := range in.Malformed {
+		rows[m.UID] = decide.Row{Read: decide.Malformed}
+	}
+	for uid, r := range in.Others {
+		rows[uid] = decide.Row{Read: decide.Found, Record: r}
+	}
+	return rows
+}
+
+// answer is the plan's answer to what a decision asks for: the API server holds what
+// the plan compares, the history is in.Deleted and the CRD in.CRD.
+func (in PlanInput) answer(a decide.Ask, f *decide.Facts) error {
+	switch a {
+	case decide.AskQuorum:
+		f.Quorum = decide.QuorumCurrent
+	case decide.AskHistory:
+		f.History = decide.HistoryOther
+		if e, ok := in.Deleted[f.Student.RowKey]; ok {
+			f.History, f.Deleted = decide.HistoryDeleted, e
+		}
+	case decide.AskCRD:
+		f.CRD = cmp.Or(in.CRD, decide.CRDCurrent)
+	default:
+		return fmt.Errorf("a plan cannot answer the decision's question %d", a)
+	}
+	return nil
+}
+
+// planned is what a decision for s does, as a plan lists it.
+func planned(s *studentv1.Student, d decide.Decision) []PlannedAction {
+	var out []PlannedAction
+	add := func(action, cause string) {
+		out = append(out, PlannedAction{Action: action, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Cause: cause})
+	}
+	letsGo := false
+	for _, a := range d.Actions {
+		switch a.Op {
+		case decide.AddFinalizer:
+			add(PlanAddFinalizer, "before the row is written")
+		case decide.Insert, decide.Upsert:
+			add(planAction(a.Why.Action), a.Why.Cause)
+		case decide.Rewind:
+			add(PlanUpdate, registry.CauseRegistryAhead)
+		case decide.TakeBack:
+			add(PlanRestore, registry.CauseTakenBack)
+		case decide.MarkObserved:
+			add(PlanUpdate, planMarkObserved)
+		case decide.RecordPolicy:
+			add(PlanUpdate, "its deletion policy is recorded")
+		case decide.Delete:
+			letsGo = true
+			add(PlanDelete, a.Why.Cause)
+		case decide.Release, decide.Relinquish:
+			letsGo = true
+			add(PlanRelease, a.Why.Cause)
+		case decide.RemoveFinalizer:
+			if !letsGo {
+				add(PlanFinalize, d.Why)
 			}
 		}
 	}
+	switch {
+	case d.Result != decide.Done:
+		add(PlanRefuse, d.Why)
+	case d.Status != nil && d.Status.Drifted != nil && *d.Status.Drifted:
+		add(PlanDrifted, d.Why)
+	}
+	return out
+}
 
+// sweep plans the rows without a Student in seen, as the sweep would let them go,
+// and the rows registry prune would delete.
+func (plan *Plan) sweep(in PlanInput, seen map[string]bool) {
 	var orphans []registry.Record
 	for _, r := range in.Rows {
 		if release, _, _ := decide.WithoutStudent(r, in.Owner); !seen[r.UID] && release {
@@ -221,11 +254,6 @@ func ComputePlan(in PlanInput) Plan {
 				Cause: "released without its Student (" + r.ReleaseCause + ") while its policy was Delete: student-controller registry prune deletes it"})
 		}
 	}
-	// Stable: a Student's finalizer comes before its row.
-	slices.SortStableFunc(plan.Actions, func(a, b PlannedAction) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
-	})
-	return plan
 }
 
 // planMarkObserved is the cause of the one write an observed Student makes: the mark of
@@ -253,6 +281,10 @@ type PlanScope struct {
 	SweepMaxDeletions, SweepMaxDeletionPercent int
 	// NoSweep says the controller does not sweep (--sweep-interval=0).
 	NoSweep bool
+	// CRD is the state of the served Student CRD, current when unset; MaxUndo the
+	// bound of rows undone (--registry-max-rewinds), 100 when unset.
+	CRD     decide.CRD
+	MaxUndo int
 	// Exists asks the API server whether a row's Student is there. With a label
 	// selector it is asked of each owned row whose Student is not among those given:
 	// a Student there outside the selector keeps its row, out of scope.
@@ -263,8 +295,9 @@ type PlanScope struct {
 // scope.Owner holds in scope, and the stored row of each Student it does not hold.
 // students are the Students in scope, as the API server has them now.
 func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*studentv1.Student) (Plan, error) {
-	in := PlanInput{Owner: scope.Owner, Students: students, Others: map[string]registry.Record{},
-		SweepMaxDeletions: scope.SweepMaxDeletions, SweepMaxDeletionPercent: scope.SweepMaxDeletionPercent, NoSweep: scope.NoSweep}
+	in := PlanInput{Owner: scope.Owner, Students: students, Others: map[string]registry.Record{}, Deleted: map[string]registry.HistoryEntry{},
+		SweepMaxDeletions: scope.SweepMaxDeletions, SweepMaxDeletionPercent: scope.SweepMaxDeletionPercent, NoSweep: scope.NoSweep,
+		CRD: scope.CRD, MaxUndo: scope.MaxUndo}
 	owned, malformed, err := rows.List(ctx, scope.Owner)
 	if err != nil {
 		return Plan{}, err
@@ -299,8 +332,17 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 		}
 		row, err := rows.Get(ctx, key)
 		switch {
+		case errors.Is(err, registry.ErrNotFound) && wasWritten(s):
+			// Missing after it was written: restored, unless its finalizer deleted it.
+			last, ok, err := rows.LastHistory(ctx, s.Namespace, s.Name, key)
+			if err != nil {
+				return Plan{}, err
+			}
+			if ok && last.Action == registry.ActionDeleted {
+				in.Deleted[key] = last
+			}
 		case errors.Is(err, registry.ErrNotFound):
-			// Missing: created, or restored.
+			// Missing: created.
 		case errors.Is(err, registry.ErrMalformed):
 			// Unreadable and not the owner's (List has the owner's): the upsert is
 			// refused, as for any row of another owner.

@@ -77,7 +77,7 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 		{Action: PlanFinalize, Name: "rowless", Cause: "no row"},
 		{Action: PlanUpdate, Name: "tampered", Cause: registry.CauseDrift},
 		{Action: PlanAddFinalizer, Name: "theirs", Cause: "before the row is written"},
-		{Action: PlanRefuse, Name: "theirs", Cause: `the row is owned by "another-controller"`},
+		{Action: PlanRefuse, Name: "theirs", Cause: `row uid-theirs is owned by "another-controller": ` + registry.ErrNotOwned.Error()},
 	}
 	for i := range want {
 		want[i].Namespace, want[i].UID = "school", "uid-"+want[i].Name
@@ -168,7 +168,7 @@ func TestComputePlan(t *testing.T) {
 		"a released row is refused": {
 			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer)},
 				Others: map[string]registry.Record{"uid-a": {UID: "uid-a"}}},
-			wantActions: []string{"refuse a: the row is released"},
+			wantActions: []string{"refuse a: row uid-a is released: " + registry.ErrNotOwned.Error()},
 		},
 		"a Terminating Student without the finalizer is not this controller's": {
 			in: PlanInput{Students: []*studentv1.Student{newStudent("a", deleting, func(s *studentv1.Student) { s.Finalizers = []string{"other"} })}},
@@ -318,5 +318,29 @@ func TestPlanWithSelector(t *testing.T) {
 				t.Errorf("rows after the sweep: %d, want %d", left, tc.wantLeftRows)
 			}
 		})
+	}
+}
+
+// TestPlanUndoBound: the plan counts the rows it would undo across Students, as the
+// controller does: with a bound of one, of two rows ahead of their Students one is
+// rewound and the other refused.
+func TestPlanUndoBound(t *testing.T) {
+	in := PlanInput{Owner: owner, MaxUndo: 1, SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50}
+	for _, name := range []string{"a", "b"} {
+		s := newStudent(name, withFinalizer, synced(start))
+		r := recordOf(owner, s)
+		r.Generation, r.School = 4, "school D"
+		in.Students, in.Rows = append(in.Students, s), append(in.Rows, r)
+	}
+	var got []string
+	for _, a := range ComputePlan(in).Actions {
+		got = append(got, fmt.Sprintf("%s %s: %s", a.Action, a.Name, a.Cause))
+	}
+	want := []string{
+		"update a: " + registry.CauseRegistryAhead,
+		"refuse b: row uid-b is ahead of its Student and past the bound of rows taken back",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("plan (-want +got):\n%s", diff)
 	}
 }

@@ -62,14 +62,19 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 
 // facts are what a sync knows before it reads anything: the Student, from the cache.
 func (c *Controller) facts(s *studentv1.Student) decide.Facts {
-	return decide.Facts{
-		Owner: c.cfg.Owner, UndoLeft: c.rewound.Load() < int64(c.cfg.MaxRewinds), MaxUndo: c.cfg.MaxRewinds,
-		Student: decide.Student{
-			Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Generation: s.Generation, Spec: s.Spec, RowKey: RowUID(s),
-			Deleting: s.DeletionTimestamp != nil, Finalizer: slices.Contains(s.Finalizers, Finalizer), Paused: paused(s),
-			Written: wasWritten(s), Drifted: isDrifted(s),
-		},
-	}
+	f := studentFacts(c.cfg.Owner, s)
+	f.UndoLeft, f.MaxUndo = c.rewound.Load() < int64(c.cfg.MaxRewinds), c.cfg.MaxRewinds
+	return f
+}
+
+// studentFacts are the facts of s alone, for owner: what the sync and the plan know
+// before they read anything.
+func studentFacts(owner string, s *studentv1.Student) decide.Facts {
+	return decide.Facts{Owner: owner, Student: decide.Student{
+		Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Generation: s.Generation, Spec: s.Spec, RowKey: RowUID(s),
+		Deleting: s.DeletionTimestamp != nil, Finalizer: slices.Contains(s.Finalizers, Finalizer), Paused: paused(s),
+		Written: wasWritten(s), Drifted: isDrifted(s),
+	}}
 }
 
 // maxApplies bounds how often one sync decides again on what a write found.

@@ -120,7 +120,8 @@ type Decision struct {
 	Status *Status
 	Events []Event
 	Result Result
-	// Why says why the result is Terminal or Retry, for the log.
+	// Why says why in a few words: for the log (a Terminal or Retry result) and for
+	// the plan (a refusal, drift, a finalizer that lets nothing go).
 	Why string
 }
 

@@ -306,6 +306,7 @@ func observe(f Facts) Decision {
 		d.Status.Ready, d.Status.Reason = false, studentv1.ReasonDrifted
 		d.Status.Message = "The registry row differs from the spec: " + differs + ". The Student is observed, so the controller does not write it; " +
 			"set spec.management to Manage to bring the row in line"
+		d.Why = differs
 		if !s.Drifted {
 			d.Events = []Event{{Warning: true, Reason: EventDrifted, Message: d.Status.Message}}
 		}
@@ -350,7 +351,8 @@ func finalize(f Facts) Decision {
 		return ask(AskRow)
 	}
 	leave := func(reason, msg string) Decision {
-		return Decision{Actions: []Action{done}, Events: []Event{{Warning: true, Reason: reason, Message: "Registry row left alone: " + msg}}}
+		return Decision{Actions: []Action{done}, Why: "left alone: " + msg,
+			Events: []Event{{Warning: true, Reason: reason, Message: "Registry row left alone: " + msg}}}
 	}
 	if s.NamesRow() {
 		if problem := notBound(f, false); problem != "" {
@@ -363,12 +365,13 @@ func finalize(f Facts) Decision {
 	case row.Refused != "":
 		return leave(EventRowOwnedElsewhere, row.Refused)
 	case s.Observed():
+		d := Decision{Actions: []Action{done}, Why: "observed: the row is left as it is"}
 		if ours && rec.Management != registry.ManagementObserve {
-			return Decision{Actions: []Action{{Op: MarkObserved, Record: rec, Why: registry.Why{Cause: registry.CauseObserved}}, done}}
+			d.Actions = []Action{{Op: MarkObserved, Record: rec, Why: registry.Why{Cause: registry.CauseObserved}}, done}
 		}
-		return Decision{Actions: []Action{done}}
+		return d
 	case row.Read == Absent:
-		return Decision{Actions: []Action{done}}
+		return Decision{Actions: []Action{done}, Why: "no row"}
 	case row.Read == Found && !ours:
 		return leave(EventRowOwnedElsewhere, fmt.Sprintf("row %s is %s", rec.UID, OwnedBy(rec)))
 	case ours && rec.Management == registry.ManagementObserve:
@@ -384,8 +387,8 @@ func finalize(f Facts) Decision {
 		// A spec the registry cannot hold: the row keeps its values as last written.
 		want.StudentName, want.School, want.Generation = rec.StudentName, rec.School, rec.Generation
 		return letGo(Release, registry.CauseFinalizer)
-	case row.Read == Malformed:
-		// Its values and its policy cannot be read: released as it stands.
+	case row.Read == Malformed && s.Policy() != studentv1.DeletionPolicyDelete:
+		// Its values cannot be read: released as it stands.
 		return letGo(Relinquish, registry.CauseFinalizer)
 	case s.Policy() != studentv1.DeletionPolicyDelete && rec.Generation > want.Generation:
 		// Ahead of the Student (an etcd restore): it follows the Student first, then
@@ -402,11 +405,12 @@ func finalize(f Facts) Decision {
 	case f.CRD == CRDDeleting:
 		// Deleted with its CRD, not by a user: absence, so released as it stands.
 		return letGo(Relinquish, registry.CauseCRDDeleted)
-	case rec.DeletionPolicy != registry.PolicyDelete:
+	case row.Read == Found && rec.DeletionPolicy != registry.PolicyDelete:
 		// The row records another policy (an older backup put back): it goes as it
 		// records.
 		return letGo(Relinquish, registry.CauseFinalizer)
 	}
+	// A row that cannot be read goes by the policy stored in it, which the SQL checks.
 	return letGo(Delete, registry.CauseFinalizer)
 }
 
