@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
-	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -95,25 +94,20 @@ var crdName = "students." + studentv1.SchemeGroupVersion.Group
 
 // crdDeleting returns Config.CRDDeleting over client: a GET of the CRD's metadata,
 // asked by each finalizer that would delete a row, since the API server marks the CRD
-// deleted just before it deletes its Students. Once seen deleting (or gone) it stays
-// so for the life of the process: a CRD is never undeleted.
+// deleted just before it deletes its Students. The answer is the CRD's as served now:
+// a CRD applied again after a deletion is a new object, and its Students' rows are
+// deleted by their finalizers again.
 func crdDeleting(client metadata.Interface) func(context.Context) (bool, error) {
-	var deleting atomic.Bool
 	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 	return func(ctx context.Context) (bool, error) {
-		if deleting.Load() {
-			return true, nil
-		}
 		crd, err := client.Resource(gvr).Get(ctx, crdName, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			deleting.Store(true)
+			return true, nil // gone: its Students go with it
 		case err != nil:
 			return false, err
-		case crd.DeletionTimestamp != nil:
-			deleting.Store(true)
 		}
-		return deleting.Load(), nil
+		return crd.DeletionTimestamp != nil, nil
 	}
 }
 

@@ -479,9 +479,10 @@ func TestGroupGivesUp(t *testing.T) {
 	}
 
 	// Two writes in one group; one gives up after 2 s, the other may wait 30 s. The
-	// lock goes after 5 s: the transaction was still running, and both land.
+	// lock goes after 3 s, well within the lock wait (DefaultLockWait, 5 s): the
+	// transaction was still running, and both land.
 	release := lock(fenceRow)
-	time.AfterFunc(5*time.Second, release)
+	time.AfterFunc(3*time.Second, release)
 	for uid, got := range inGroup(map[string]time.Duration{"short": 2 * time.Second, "long": 30 * time.Second}) {
 		if got.err != nil {
 			t.Errorf("the write of %s, in the group that one write still waited for: %v after %v, want it written", uid, got.err, got.took)
