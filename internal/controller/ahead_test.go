@@ -320,3 +320,37 @@ func TestRecreateBound(t *testing.T) {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
+
+// TestOwnedElsewhereKeepsWritten: a Student refused because its row became another
+// owner's keeps what its status says it wrote. When that row is then deleted, its next
+// sync knows the row was written before, and writing it again after a delete counts
+// against the bound: past it, nothing is written.
+func TestOwnedElsewhereKeepsWritten(t *testing.T) {
+	f := newFixture(t, newStudent("a", withFinalizer))
+	f.ctrl.cfg.MaxRewinds = 1
+	if err := f.ctrl.sync(f.ctx, "school/a"); err != nil {
+		t.Fatal(err)
+	}
+	f.observe("school", "a")
+	if _, err := f.rawDB().ExecContext(f.ctx, `UPDATE students SET owner = 'another' WHERE uid = 'uid-a'`); err != nil {
+		t.Fatal(err)
+	}
+	var term *terminalError
+	if err := f.ctrl.sync(f.ctx, "school/a"); !errors.As(err, &term) {
+		t.Fatalf("sync over another owner's row: %v, want a refusal", err)
+	}
+	f.observe("school", "a")
+	if _, err := f.registry.Delete(f.ctx, "uid-a", "another", registry.CauseFinalizer); err != nil {
+		t.Fatal(err)
+	}
+	f.ctrl.rewound.Store(1) // the bound is spent
+	if err := f.ctrl.sync(f.ctx, "school/a"); !errors.As(err, &term) {
+		t.Errorf("sync after the row was deleted: %v, want a refusal past the bound", err)
+	}
+	if rows := f.rows(); len(rows) != 0 {
+		t.Errorf("rows %v: want none written past the bound", rows)
+	}
+	if cond := meta.FindStatusCondition(f.get("school", "a").Status.Conditions, studentv1.ConditionReady); cond == nil || cond.Reason != studentv1.ReasonRowDeleted {
+		t.Errorf("Ready = %+v, want reason %s", cond, studentv1.ReasonRowDeleted)
+	}
+}

@@ -46,11 +46,8 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st 
 		c.cfg.Metrics.observeDrifted(key, st.Drifted != nil && *st.Drifted)
 	}
 	status.ObservedGeneration = s.Generation
-	switch st.Registry {
-	case decide.FromRow:
+	if st.Registry == decide.FromRow {
 		status.Registry = registryStatus(row)
-	case decide.ClearRegistry:
-		status.Registry = nil
 	}
 	conds := []metav1.Condition{{Type: studentv1.ConditionReady, Status: metav1.ConditionFalse, Reason: st.Reason, Message: st.Message}}
 	if st.Ready {

@@ -86,8 +86,6 @@ const (
 	KeepRegistry Registry = iota
 	// FromRow sets it from the row written or found.
 	FromRow
-	// ClearRegistry clears it: the row is not this controller's.
-	ClearRegistry
 )
 
 // Status is the status a Student should have: its Ready condition and, for an

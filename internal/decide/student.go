@@ -256,9 +256,9 @@ func ownedElsewhere(cause string) Decision {
 	msg := "The registry row belongs to another owner and is left alone: " + cause + ". If that owner's rows are to " +
 		"follow this controller, stop its controllers and run student-controller registry rename-owner; a row it released " +
 		"can be bound to a new Student with student-controller registry adopt"
-	d := refuse(studentv1.ReasonRowOwnedElsewhere, msg, EventRowOwnedElsewhere, msg, cause)
-	d.Status.Registry = ClearRegistry
-	return d
+	// status.registry keeps what this controller wrote: were the row deleted next, a
+	// write of it again is an undo, and counts against the bound.
+	return refuse(studentv1.ReasonRowOwnedElsewhere, msg, EventRowOwnedElsewhere, msg, cause)
 }
 
 // notBound says why s may not have the row its row-uid annotation names: the row
