@@ -132,11 +132,11 @@ func (k *markKeeper) run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// check advances the registry's mark and compares it with the cluster's: below it,
-// the registry is behind until an operator confirms; above it, the cluster's mark
-// follows. The ConfigMap is read before the mark advances, and written only at the
-// version read: a former holder that paused past its fence (its mark refused) or past
-// a new holder's write (a conflict) writes nothing.
+// check compares the registry's mark with the cluster's: below it, the registry is
+// behind until an operator confirms; level or above, the registry's mark advances and
+// the cluster's follows. The ConfigMap is read before the mark advances, and written
+// only at the version read: a former holder that paused past its fence (its mark
+// refused) or past a new holder's write (a conflict) writes nothing.
 func (k *markKeeper) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -146,53 +146,31 @@ func (k *markKeeper) check(ctx context.Context) error {
 	if err != nil && !missing {
 		return fmt.Errorf("read ConfigMap %s/%s: %w", k.namespace, k.name, err)
 	}
-	mark, err := k.reg.AdvanceMark(ctx)
-	if err != nil {
-		return err
-	}
 	if missing {
-		_, err := cms.Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: k.name, Namespace: k.namespace,
-				Labels: map[string]string{"app.kubernetes.io/name": controller.Name}},
-			Data: map[string]string{markOwner: k.owner, markValue: strconv.FormatInt(mark, 10)},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("create ConfigMap %s/%s: %w", k.namespace, k.name, err)
-		}
-		k.report(ctx, false, mark, mark)
-		return nil
+		return k.start(ctx, nil)
 	}
 	cm := read.DeepCopy()
-	if cm.Data == nil {
-		cm.Data = map[string]string{}
-	}
 	if cm.Data[markOwner] != k.owner {
 		// Another owner's, or nothing yet: this owner's mark starts here.
-		cm.Data = map[string]string{markOwner: k.owner, markValue: strconv.FormatInt(mark, 10)}
-		if err := k.update(ctx, cm); err != nil {
-			return err
-		}
-		k.report(ctx, false, mark, mark)
-		return nil
+		return k.start(ctx, cm)
 	}
 	seen, err := strconv.ParseInt(cm.Data[markValue], 10, 64)
 	if err != nil {
 		seen = 0 // edited by hand: start again from this registry's
 	}
-	// mark-1 is the registry's mark as this check found it, before it advanced it;
-	// the cluster's was an earlier check's, committed to the registry before it was
-	// kept: a registry below it lost that commit.
+	// The cluster's mark is one the registry committed before the cluster kept it: a
+	// registry below it lost that commit. The registry's mark advances only once the
+	// comparison says level, so that no retry creeps past the cluster's.
 	found := cm.Data[markBehind]
-	if found == "" && mark > seen {
-		cm.Data[markValue] = strconv.FormatInt(mark, 10)
-		if err := k.update(ctx, cm); err != nil {
+	if found == "" {
+		at, err := k.reg.ReadMark(ctx, k.owner)
+		if err != nil {
 			return err
 		}
-		k.report(ctx, false, mark, seen)
-		return nil
-	}
-	if found == "" {
-		found = strconv.FormatInt(mark-1, 10)
+		if at >= seen {
+			return k.advance(ctx, cm, false, seen)
+		}
+		found = strconv.FormatInt(at, 10)
 		cm.Data[markBehind] = found
 		if err := k.update(ctx, cm); err != nil {
 			return err
@@ -206,8 +184,7 @@ func (k *markKeeper) check(ctx context.Context) error {
 	// Confirmed: the cluster's mark follows this registry from now on.
 	delete(cm.Annotations, AnnotationBehindConfirmed)
 	delete(cm.Data, markBehind)
-	cm.Data[markValue] = strconv.FormatInt(mark, 10)
-	if err := k.update(ctx, cm); err != nil {
+	if err := k.advance(ctx, cm, true, seen); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).Info("An operator confirmed the registry as it is; the sweep lets go of rows again",
@@ -216,15 +193,58 @@ func (k *markKeeper) check(ctx context.Context) error {
 		k.recorder.Eventf(k.pod, corev1.EventTypeNormal, eventRegistryBehindConfirmed,
 			"An operator confirmed the registry as it is (its mark %d, the cluster's %d); the sweep lets go of rows again", at, seen)
 	}
-	k.report(ctx, false, mark, mark)
 	if k.confirmed != nil {
 		k.confirmed()
 	}
 	return nil
 }
 
-// report says whether the registry is behind: the metric, and once each time it
-// becomes so the log line naming both marks and the Pod's Event.
+// start begins this owner's mark in the cluster: in a new ConfigMap (cm nil), or in
+// cm, which another owner's mark held.
+func (k *markKeeper) start(ctx context.Context, cm *corev1.ConfigMap) error {
+	mark, err := k.reg.AdvanceMark(ctx)
+	if err != nil {
+		return err
+	}
+	data := map[string]string{markOwner: k.owner, markValue: strconv.FormatInt(mark, 10)}
+	if cm == nil {
+		_, err = k.client.CoreV1().ConfigMaps(k.namespace).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: k.name, Namespace: k.namespace,
+				Labels: map[string]string{"app.kubernetes.io/name": controller.Name}},
+			Data: data,
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("create ConfigMap %s/%s: %w", k.namespace, k.name, err)
+		}
+	} else {
+		cm.Data = data
+		if err := k.update(ctx, cm); err != nil {
+			return err
+		}
+	}
+	k.report(ctx, false, mark, mark)
+	return nil
+}
+
+// advance advances the registry's mark, level with the cluster's (seen) or confirmed
+// so, and keeps it in cm: a registry ahead of the cluster, should the update fail, is
+// never taken for one behind.
+func (k *markKeeper) advance(ctx context.Context, cm *corev1.ConfigMap, confirmed bool, seen int64) error {
+	mark, err := k.reg.AdvanceMark(ctx)
+	if err != nil {
+		return err
+	}
+	cm.Data[markValue] = strconv.FormatInt(mark, 10)
+	if err := k.update(ctx, cm); err != nil {
+		return err
+	}
+	if confirmed {
+		seen = mark
+	}
+	k.report(ctx, false, mark, seen)
+	return nil
+}
+
 func (k *markKeeper) report(ctx context.Context, behind bool, mark, seen int64) {
 	k.metrics.SetRegistryBehind(behind)
 	k.checked.Store(true)

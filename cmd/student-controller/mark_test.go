@@ -109,10 +109,14 @@ func TestMarkKeeper(t *testing.T) {
 	if events := drain(recorder); len(events) != 1 || !strings.HasPrefix(events[0], "Warning RegistryBehind") {
 		t.Errorf("Events: %q, want one RegistryBehind", events)
 	}
-	// Its mark climbs past the cluster's: it stays behind, once said.
+	// Later checks say it again, without an Event, and leave the registry's mark
+	// where it is: a check that advanced it could creep past the cluster's.
 	check(true)
 	check(true)
 	check(true)
+	if at, err := reg.ReadMark(ctx, "stu"); err != nil || at != 1 {
+		t.Errorf("the registry's mark while behind: %d, %v; want 1, not advanced", at, err)
+	}
 	if events := drain(recorder); len(events) != 0 {
 		t.Errorf("Events on later checks: %q, want none", events)
 	}
@@ -146,8 +150,8 @@ func TestMarkKeeper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cm.Data["behind"] != "" || cm.Data["mark"] != "7" || cm.Annotations[AnnotationBehindConfirmed] != "" {
-		t.Errorf("the ConfigMap once confirmed: %v %v; want mark 7, no behind, no annotation", cm.Data, cm.Annotations)
+	if cm.Data["behind"] != "" || cm.Data["mark"] != "2" || cm.Annotations[AnnotationBehindConfirmed] != "" {
+		t.Errorf("the ConfigMap once confirmed: %v %v; want mark 2, no behind, no annotation", cm.Data, cm.Annotations)
 	}
 	if events := drain(recorder); len(events) != 1 || !strings.HasPrefix(events[0], "Normal RegistryBehindConfirmed") {
 		t.Errorf("Events: %q, want one RegistryBehindConfirmed", events)
@@ -228,5 +232,58 @@ func TestMarkKeeperReadiness(t *testing.T) {
 	reg.Close() // the registry stops answering
 	if err := k.checkAndKeep(ctx); err == nil || k.Ready() != nil {
 		t.Errorf("a check while the registry is down: %v; Ready %v, want an error and still ready", err, k.Ready())
+	}
+}
+
+// TestMarkKeeperBehindNotRecorded: a registry put back behind the cluster's mark stays
+// behind while the record of that in the cluster fails: the keeper advances the
+// registry's mark only once it is not behind, so retries cannot creep past the
+// cluster's mark and call a registry that lost writes level.
+func TestMarkKeeperBehindNotRecorded(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "registry.db")
+	reg, err := registry.Open(ctx, "sqlite://"+path, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	if _, err := reg.TakeFence(ctx, "stu"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	client := fake.NewClientset()
+	k := &markKeeper{client: client, namespace: "system", name: "student-controller-registry-mark", owner: "stu", reg: reg,
+		metrics: controller.NewMetrics(nil), recorder: record.NewFakeRecorder(100), behind: new(atomic.Pointer[string])}
+	for range 3 {
+		if err := k.check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An older backup put back, and the cluster refuses the record of it for a while.
+	if _, err := db.Exec(`UPDATE fences SET mark = 1 WHERE owner = 'stu'`); err != nil {
+		t.Fatal(err)
+	}
+	refuse := true
+	client.PrependReactor("update", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if refuse {
+			return true, nil, apierrors.NewServiceUnavailable("the API server is restarting")
+		}
+		return false, nil, nil
+	})
+	for range 5 {
+		if err := k.check(ctx); err == nil {
+			t.Fatal("a check whose record fails: nil, want its error")
+		}
+	}
+	refuse = false
+	if err := k.check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Behind(); err == nil {
+		t.Error("Behind after the record failed five times: nil, want the registry behind")
 	}
 }
