@@ -22,8 +22,12 @@ func (r *Registry) Bind(ctx context.Context, owner, cluster string) (Binding, er
 	if owner == "" || cluster == "" {
 		return Binding{}, fmt.Errorf("bind owner: owner and cluster are required (owner %q, cluster %q)", owner, cluster)
 	}
-	if _, err := r.db.ExecContext(ctx, `INSERT INTO owner_clusters (owner, cluster, bound_at) VALUES ($1, $2, $3)
-		ON CONFLICT (owner) DO NOTHING`, owner, cluster, r.now().UTC()); err != nil {
+	err := r.fencedTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO owner_clusters (owner, cluster, bound_at) VALUES ($1, $2, $3)
+			ON CONFLICT (owner) DO NOTHING`, owner, cluster, r.now().UTC())
+		return err
+	})
+	if err != nil {
 		return Binding{}, fmt.Errorf("bind owner %q to cluster %s: %w", owner, cluster, err)
 	}
 	b, err := r.binding(ctx, owner)

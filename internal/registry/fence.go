@@ -132,6 +132,23 @@ func (r *Registry) TakeFence(ctx context.Context, owner string) (int64, error) {
 	return token, nil
 }
 
+// fencedTx runs write in a transaction that checks the fence first (checkFenceIn),
+// and commits it.
+func (r *Registry) fencedTx(ctx context.Context, write func(*sql.Tx) error) error {
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := r.checkFenceIn(ctx, tx); err != nil {
+		return err
+	}
+	if err := write(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
 // checkFenceIn checks, inside tx, that the fence this registry holds is still its
 // own, and locks its row until tx ends: ErrFenced when another took it. Nothing to
 // check when this registry holds none (a registry of a schema before the lease, or a

@@ -230,8 +230,13 @@ func (r *Registry) PruneHistory(ctx context.Context, before time.Time) (int64, e
 		if err != nil {
 			return total, fmt.Errorf("prune the history before %s: %w", before.UTC().Format(time.RFC3339), err)
 		}
-		n, err := affected(r.db.ExecContext(ctx, `DELETE FROM student_history WHERE id IN
-			(SELECT id FROM student_history WHERE at < $1 ORDER BY at LIMIT $2)`, before.UTC(), pruneBatch))
+		var n int64
+		err = r.fencedTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			n, err = affected(tx.ExecContext(ctx, `DELETE FROM student_history WHERE id IN
+				(SELECT id FROM student_history WHERE at < $1 ORDER BY at LIMIT $2)`, before.UTC(), pruneBatch))
+			return err
+		})
 		done()
 		total += n
 		if err != nil {

@@ -780,6 +780,15 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if _, err := old.Relinquish(ctx, "u1", "ctl", "test"); !errors.Is(err, registry.ErrFenced) {
 			t.Errorf("Relinquish by the fenced writer: %v, want ErrFenced", err)
 		}
+		if _, err := old.PruneHistory(ctx, time.Now().Add(time.Hour)); !errors.Is(err, registry.ErrFenced) {
+			t.Errorf("PruneHistory by the fenced writer: %v, want ErrFenced", err)
+		}
+		if _, err := old.Bind(ctx, "ctl", "cluster-a"); !errors.Is(err, registry.ErrFenced) {
+			t.Errorf("Bind by the fenced writer: %v, want ErrFenced", err)
+		}
+		if _, err := next.BindingOf(ctx, "ctl"); !errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("the binding after the fenced Bind: %v, want none", err)
+		}
 		if _, err := old.TakeFence(ctx, "ctl"); !errors.Is(err, registry.ErrHeld) {
 			t.Errorf("the former holder taking it back while the next holds it: %v, want ErrHeld", err)
 		}
