@@ -208,5 +208,3 @@ func newRecord(owner, row string, uid types.UID, namespace, name string, generat
 func observed(spec studentv1.StudentSpec) bool {
 	return spec.Management == studentv1.ManagementObserve
 }
-
-func policy(s *studentv1.Student) studentv1.DeletionPolicy { return decide.SpecPolicy(s.Spec) }
