@@ -344,3 +344,20 @@ func TestPlanUndoBound(t *testing.T) {
 		t.Errorf("plan (-want +got):\n%s", diff)
 	}
 }
+
+// TestPlanRowNotBound: a Student whose row-uid annotation names a row bound to another
+// Student (a copied annotation) is planned as the sync treats it: refused, with nothing
+// written, no finalizer added.
+func TestPlanRowNotBound(t *testing.T) {
+	row := recordOf(owner, newStudent("a"))
+	row.UID, row.StudentUID = "ext-1", "uid-a"
+	in := PlanInput{Owner: owner, SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50, Rows: []registry.Record{row},
+		Students: []*studentv1.Student{newStudent("a", withFinalizer, synced(start), namingRow("ext-1")), newStudent("copy", namingRow("ext-1"))}}
+	var got []string
+	for _, a := range ComputePlan(in).Actions {
+		got = append(got, a.Action+" "+a.Name)
+	}
+	if diff := cmp.Diff([]string{"refuse copy"}, got); diff != "" {
+		t.Errorf("plan (-want +got):\n%s", diff)
+	}
+}
