@@ -89,16 +89,8 @@ type SweepResult struct {
 // cache has synced.
 func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	logger := klog.FromContext(ctx)
-	// A controller of a newer version may have migrated the schema since this one
-	// started (a rolling update, a second install): this one stops writing.
-	if err := c.rows.CheckSchema(ctx); err != nil {
+	if err := c.sweepMayWrite(ctx); err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
-	}
-	if c.cfg.Cluster != "" {
-		// The owner may have been moved to another cluster while this one ran.
-		if err := c.write.bind(ctx, c.cfg.Owner, c.cfg.Cluster); err != nil {
-			return SweepResult{}, fmt.Errorf("sweep: %w", err)
-		}
 	}
 	// Rows first, cache second: a Student deleted in between has had its row let go by
 	// its finalizer, so a stale row read here at worst costs a release that finds nothing.
@@ -128,36 +120,71 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		}
 		result.Rows -= result.Live
 	}
-	if bound := c.sweepBound(result.Rows); len(plan.Orphans) > bound {
-		result.Refused = true
+	if result.Refused = c.sweepRefuses(logger, plan.Orphans, result.Rows, len(students)); result.Refused {
+		return result, nil
+	}
+	errs := c.letGoOrphans(ctx, plan.Orphans, &result)
+	if result.Resync > 0 || result.Orphans > 0 || len(errs) > 0 {
+		logger.Info("Sweep found rows to repair or let go", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans,
+			"released", result.Released, "studentStillThere", result.Live)
+	} else {
+		logger.V(4).Info("Sweep found no drift", "rows", result.Rows)
+	}
+	if len(errs) > 0 {
+		return result, fmt.Errorf("sweep: %w", errors.Join(errs...))
+	}
+	return result, nil
+}
+
+// sweepMayWrite checks what a sweep checks before it reads: a controller of a newer
+// version may have migrated the schema since this one started (a rolling update, a
+// second install), or the owner been moved to another cluster while this one ran.
+func (c *Controller) sweepMayWrite(ctx context.Context) error {
+	if err := c.rows.CheckSchema(ctx); err != nil {
+		return err
+	}
+	if c.cfg.Cluster != "" {
+		return c.write.bind(ctx, c.cfg.Owner, c.cfg.Cluster)
+	}
+	return nil
+}
+
+// sweepRefuses says whether the sweep lets go of none of orphans, out of the rows it
+// owns: more than its bound, or a registry that cannot be trusted about rows without
+// Students yet. It logs why, and posts SweepRefused past the bound.
+func (c *Controller) sweepRefuses(logger klog.Logger, orphans []registry.Record, rows, students int) bool {
+	if bound := c.sweepBound(rows); len(orphans) > bound {
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
 			"more than it lets go at once (%d). A controller that watches the wrong cluster or namespaces, or a Student CRD "+
 			"deleted or not yet served, looks like this. Nothing was deleted or released; the rows stay until their "+
 			"Students are seen again. If those Students really are gone, raise --sweep-max-deletions and --sweep-max-deletion-percent "+
 			"for one sweep: released rows are kept, and student-controller registry prune deletes those whose policy was Delete",
-			len(plan.Orphans), result.Rows, bound)
-		logger.Error(nil, msg, "orphans", len(plan.Orphans), "rows", result.Rows, "bound", bound, "students", len(students))
+			len(orphans), rows, bound)
+		logger.Error(nil, msg, "orphans", len(orphans), "rows", rows, "bound", bound, "students", students)
 		if c.cfg.SweepEventTarget != nil {
 			c.write.warn(c.cfg.SweepEventTarget, EventSweepRefused, msg)
 		}
-		return result, nil
+		return true
 	}
-
-	if len(plan.Orphans) > 0 && c.cfg.RegistryBehind != nil {
-		if err := c.cfg.RegistryBehind(); err != nil {
-			// Rows without Students on a registry that went back in time may be
-			// rows the cluster let go of since: kept as they are.
-			result.Refused = true
-			logger.Info("Sweep lets go of no row: the registry cannot be trusted about rows without Students yet",
-				"orphans", len(plan.Orphans), "reason", err.Error())
-			return result, nil
-		}
+	if len(orphans) == 0 || c.cfg.RegistryBehind == nil {
+		return false
 	}
+	if err := c.cfg.RegistryBehind(); err != nil {
+		// Rows without Students on a registry that went back in time may be rows the
+		// cluster let go of since: kept as they are.
+		logger.Info("Sweep lets go of no row: the registry cannot be trusted about rows without Students yet",
+			"orphans", len(orphans), "reason", err.Error())
+		return true
+	}
+	return false
+}
 
+// letGoOrphans releases each of orphans whose Student the API server, asked now, does
+// not have either (the cache may be behind; withoutLive asked already under a label
+// selector), and counts what it did in result.
+func (c *Controller) letGoOrphans(ctx context.Context, orphans []registry.Record, result *SweepResult) []error {
 	var errs []error
-	for _, row := range plan.Orphans {
-		// The cache may be behind the API server; a row is deleted only when the API
-		// server, asked now, has no Student of its UID (withoutLive asked already).
+	for _, row := range orphans {
 		if !c.cfg.Scope.Labeled() {
 			live, err := c.studentExists(ctx, row)
 			if err != nil {
@@ -172,8 +199,7 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		outcome, err := c.relinquishWithin(ctx, row.UID)
 		if errors.Is(err, ErrNotLeading) {
 			// The next leader's sweep does it, or this one's once it has renewed.
-			errs = append(errs, err)
-			break
+			return append(errs, err)
 		}
 		if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
 			errs = append(errs, err)
@@ -184,20 +210,11 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 			result.Released++
 		}
 		if outcome != registry.Absent {
-			logger.V(2).Info("Sweep let go of an orphan registry row", "action", outcome, "deletionPolicy", row.DeletionPolicy,
+			klog.FromContext(ctx).V(2).Info("Sweep let go of an orphan registry row", "action", outcome, "deletionPolicy", row.DeletionPolicy,
 				"uid", row.UID, "student", klog.KRef(row.Namespace, row.Name))
 		}
 	}
-	if result.Resync > 0 || result.Orphans > 0 || len(errs) > 0 {
-		logger.Info("Sweep found rows to repair or let go", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans,
-			"released", result.Released, "studentStillThere", result.Live)
-	} else {
-		logger.V(4).Info("Sweep found no drift", "rows", result.Rows)
-	}
-	if len(errs) > 0 {
-		return result, fmt.Errorf("sweep: %w", errors.Join(errs...))
-	}
-	return result, nil
+	return errs
 }
 
 // sweepBound is the most orphan rows one sweep lets go of, out of the rows the owner
