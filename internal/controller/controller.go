@@ -454,11 +454,25 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		err = c.sync(syncCtx, key)
 	}
 
-	var term *terminalError
 	// The Student as every other log line of it names it: an object, not a string,
 	// so that a JSON log's student field has one type.
 	namespace, name, _ := cache.SplitMetaNamespaceKey(key)
 	student := klog.KRef(namespace, name)
+	result := c.handled(ctx, key, student, err)
+	endSync(span, result, err)
+	took := time.Since(started)
+	c.cfg.Metrics.observeSync(result, took)
+	if logger := klog.FromContext(ctx); logger.V(4).Enabled() {
+		logger.V(4).Info("Synced Student", "student", student, "result", result, "duration", took)
+	}
+	return true
+}
+
+// handled classifies the error a sync of key returned, the one place that does, and
+// does with the key what it calls for: forget it, retry it later, or stop. It returns
+// the result the metrics and the trace record.
+func (c *Controller) handled(ctx context.Context, key string, student klog.ObjectRef, err error) string {
+	var term *terminalError
 	result := resultSuccess
 	switch {
 	case err == nil:
@@ -500,13 +514,7 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		c.queue.AddRateLimited(key)
 		utilruntime.HandleErrorWithContext(ctx, err, "Syncing Student failed; will retry", "student", student, "retries", c.queue.NumRequeues(key))
 	}
-	endSync(span, result, err)
-	took := time.Since(started)
-	c.cfg.Metrics.observeSync(result, took)
-	if logger := klog.FromContext(ctx); logger.V(4).Enabled() {
-		logger.V(4).Info("Synced Student", "student", student, "result", result, "duration", took)
-	}
-	return true
+	return result
 }
 
 // mayStart refuses a unit of work (a sync, a sweep) before it reads anything when this
