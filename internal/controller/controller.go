@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -187,33 +188,36 @@ func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 	)
 }
 
-// New returns a Controller over the Students that informers watch. It starts
-// nothing: call Run.
-func New(ctx context.Context, client versioned.Interface, informers *Informers,
-	reg Registry, recorder record.EventRecorder, cfg Config) (*Controller, error) {
-	if cfg.Owner == "" {
-		return nil, errors.New("the registry owner must not be empty")
+// withDefaults checks cfg and fills in the defaults of its zero values.
+func (cfg Config) withDefaults() (Config, error) {
+	switch {
+	case cfg.Owner == "":
+		return cfg, errors.New("the registry owner must not be empty")
+	case cfg.SweepMaxDeletions < 0:
+		return cfg, fmt.Errorf("sweep max deletions must not be negative, got %d", cfg.SweepMaxDeletions)
+	case cfg.SweepMaxDeletionPercent < 0 || cfg.SweepMaxDeletionPercent > 100:
+		return cfg, fmt.Errorf("sweep max deletion percent must be within 0 and 100, got %d", cfg.SweepMaxDeletionPercent)
+	case cfg.MaxRewinds < 0:
+		return cfg, fmt.Errorf("max rewinds must not be negative, got %d", cfg.MaxRewinds)
 	}
 	if cfg.SyncTimeout <= 0 {
 		cfg.SyncTimeout = 30 * time.Second
 	}
-	if cfg.SweepMaxDeletions < 0 {
-		return nil, fmt.Errorf("sweep max deletions must not be negative, got %d", cfg.SweepMaxDeletions)
-	}
-	if cfg.SweepMaxDeletionPercent < 0 || cfg.SweepMaxDeletionPercent > 100 {
-		return nil, fmt.Errorf("sweep max deletion percent must be within 0 and 100, got %d", cfg.SweepMaxDeletionPercent)
-	}
-	if cfg.SweepMaxDeletionPercent == 0 {
-		cfg.SweepMaxDeletionPercent = 50
-	}
-	if cfg.MaxRewinds < 0 {
-		return nil, fmt.Errorf("max rewinds must not be negative, got %d", cfg.MaxRewinds)
-	}
-	if cfg.MaxRewinds == 0 {
-		cfg.MaxRewinds = defaultMaxRewinds
-	}
+	cfg.SweepMaxDeletionPercent = cmp.Or(cfg.SweepMaxDeletionPercent, 50)
+	cfg.MaxRewinds = cmp.Or(cfg.MaxRewinds, defaultMaxRewinds)
 	if cfg.RateLimiter == nil {
 		cfg.RateLimiter = DefaultRateLimiter()
+	}
+	return cfg, nil
+}
+
+// New returns a Controller over the Students that informers watch. It starts
+// nothing: call Run.
+func New(ctx context.Context, client versioned.Interface, informers *Informers,
+	reg Registry, recorder record.EventRecorder, cfg Config) (*Controller, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Metrics != nil || cfg.Tracer != nil {
 		reg = timedRegistry{Registry: reg, m: cfg.Metrics, tracer: cfg.Tracer}
@@ -240,7 +244,7 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 		c.queue = timedQueue{TypedRateLimitingInterface: c.queue, times: c.queueTimes}
 	}
 	logger := klog.FromContext(ctx)
-	err := informers.addEventHandler(cache.ResourceEventHandlerFuncs{
+	err = informers.addEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			c.observeEvent(obj)
 			c.enqueue(logger, obj)
@@ -357,32 +361,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		})
 	}
 	if c.cfg.SweepInterval > 0 {
-		wg.Go(func() {
-			select {
-			case <-c.sweepNow: // the first sweep is now anyway
-			default:
-			}
-			for ctx.Err() == nil {
-				start := time.Now()
-				result, err := c.Sweep(ctx)
-				c.cfg.Metrics.observeSweep(result, err, time.Since(start))
-				if stopsWork(err) {
-					c.stop(err)
-					return
-				}
-				if err != nil {
-					utilruntime.HandleErrorWithContext(ctx, err, "Sweep failed; the next one retries")
-				}
-				// The interval, jittered, from the end of this sweep; or sooner when asked.
-				next := time.NewTimer(wait.Jitter(c.cfg.SweepInterval, 0.1))
-				select {
-				case <-ctx.Done():
-				case <-next.C:
-				case <-c.sweepNow:
-				}
-				next.Stop()
-			}
-		})
+		wg.Go(func() { c.sweepEvery(ctx) })
 	}
 	if c.cfg.HistoryRetention > 0 {
 		wg.Go(func() { wait.JitterUntilWithContext(ctx, c.pruneHistory, historyPruneInterval, 0.1, false) })
@@ -398,6 +377,35 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		return err
 	}
 	return nil
+}
+
+// sweepEvery sweeps now and then every Config.SweepInterval, jittered, from the end
+// of each sweep, or sooner when asked; until ctx ends or a sweep finds that this
+// controller must stop.
+func (c *Controller) sweepEvery(ctx context.Context) {
+	select {
+	case <-c.sweepNow: // the first sweep is now anyway
+	default:
+	}
+	for ctx.Err() == nil {
+		start := time.Now()
+		result, err := c.Sweep(ctx)
+		c.cfg.Metrics.observeSweep(result, err, time.Since(start))
+		if stopsWork(err) {
+			c.stop(err)
+			return
+		}
+		if err != nil {
+			utilruntime.HandleErrorWithContext(ctx, err, "Sweep failed; the next one retries")
+		}
+		next := time.NewTimer(wait.Jitter(c.cfg.SweepInterval, 0.1))
+		select {
+		case <-ctx.Done():
+		case <-next.C:
+		case <-c.sweepNow:
+		}
+		next.Stop()
+	}
 }
 
 // stopsWork tells the errors that leave this controller nothing to do: the owner moved
