@@ -325,6 +325,16 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 		return Plan{}, err
 	}
 	in.Released = scope.Scope.rowsIn(released)
+	if err := in.readOthers(ctx, rows, students, held); err != nil {
+		return Plan{}, err
+	}
+	return ComputePlan(in), nil
+}
+
+// readOthers reads the row of each of students whose row is not held by the owner:
+// another owner's, released, unreadable or missing; and, for a missing row written
+// before, its last history row when that is a delete.
+func (in *PlanInput) readOthers(ctx context.Context, rows rowReader, students []*studentv1.Student, held map[string]bool) error {
 	for _, s := range students {
 		key := RowUID(s)
 		if held[key] {
@@ -336,7 +346,7 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 			// Missing after it was written: restored, unless its finalizer deleted it.
 			last, ok, err := rows.LastHistory(ctx, s.Namespace, s.Name, key)
 			if err != nil {
-				return Plan{}, err
+				return err
 			}
 			if ok && last.Action == registry.ActionDeleted {
 				in.Deleted[key] = last
@@ -348,12 +358,12 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 			// refused, as for any row of another owner.
 			in.Others[key] = registry.Record{UID: key, Owner: "(unreadable)"}
 		case err != nil:
-			return Plan{}, err
+			return err
 		default:
 			in.Others[row.UID] = row
 		}
 	}
-	return ComputePlan(in), nil
+	return nil
 }
 
 // withoutOutOfScope drops the rows whose Student is not among students but exists:
