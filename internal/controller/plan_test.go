@@ -77,7 +77,7 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 		{Action: PlanFinalize, Name: "rowless", Cause: "no row"},
 		{Action: PlanUpdate, Name: "tampered", Cause: registry.CauseDrift},
 		{Action: PlanAddFinalizer, Name: "theirs", Cause: "before the row is written"},
-		{Action: PlanRefuse, Name: "theirs", Cause: `row uid-theirs is owned by "another-controller": ` + registry.ErrNotOwned.Error()},
+		{Action: PlanRefuse, Name: "theirs", Cause: `the row is owned by "another-controller"`},
 	}
 	for i := range want {
 		want[i].Namespace, want[i].UID = "school", "uid-"+want[i].Name
@@ -168,7 +168,7 @@ func TestComputePlan(t *testing.T) {
 		"a released row is refused": {
 			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer)},
 				Others: map[string]registry.Record{"uid-a": {UID: "uid-a"}}},
-			wantActions: []string{"refuse a: row uid-a is released: " + registry.ErrNotOwned.Error()},
+			wantActions: []string{"refuse a: the row is released"},
 		},
 		"a Terminating Student without the finalizer is not this controller's": {
 			in: PlanInput{Students: []*studentv1.Student{newStudent("a", deleting, func(s *studentv1.Student) { s.Finalizers = []string{"other"} })}},

@@ -82,7 +82,7 @@ func reconcile(f Facts) Decision {
 		case TakenBack(rec, f.Owner):
 			return undo(f, d, Action{Op: TakeBack, Record: want, Why: registry.Why{Action: registry.ActionRestored, Cause: registry.CauseTakenBack}, Undo: true})
 		case rec.Owner != f.Owner:
-			return after(d, ownedElsewhere(fmt.Sprintf("row %s is %s: %v", rec.UID, OwnedBy(rec), registry.ErrNotOwned)))
+			return after(d, ownedElsewhere("the row is "+OwnedBy(rec)))
 		case rec.DeletionPolicy == "":
 			// Written before rows recorded their policy: no change to the record.
 			d = d.with(Action{Op: RecordPolicy, Record: want, Why: registry.Why{Cause: registry.CausePolicyRecorded}})
