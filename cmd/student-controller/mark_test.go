@@ -28,21 +28,7 @@ import (
 // an operator confirms with the annotation; prune refuses meanwhile.
 func TestMarkKeeper(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "registry.db")
-	url := "sqlite://" + path
-	reg, err := registry.Open(ctx, url, registry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reg.Close() })
-	if _, err := reg.TakeFence(ctx, "stu"); err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	reg, db := fencedSQLite(t)
 
 	client := fake.NewClientset()
 	promReg := prometheus.NewRegistry()
@@ -241,20 +227,7 @@ func TestMarkKeeperReadiness(t *testing.T) {
 // cluster's mark and call a registry that lost writes level.
 func TestMarkKeeperBehindNotRecorded(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "registry.db")
-	reg, err := registry.Open(ctx, "sqlite://"+path, registry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reg.Close() })
-	if _, err := reg.TakeFence(ctx, "stu"); err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	reg, db := fencedSQLite(t)
 	client := fake.NewClientset()
 	k := &markKeeper{client: client, namespace: "system", name: "student-controller-registry-mark", owner: "stu", reg: reg,
 		metrics: controller.NewMetrics(nil), recorder: record.NewFakeRecorder(100), behind: new(atomic.Pointer[string])}
@@ -286,4 +259,25 @@ func TestMarkKeeperBehindNotRecorded(t *testing.T) {
 	if err := k.Behind(); err == nil {
 		t.Error("Behind after the record failed five times: nil, want the registry behind")
 	}
+}
+
+// fencedSQLite is a SQLite registry whose write fence of owner stu it holds, and a
+// connection of its own to the same file, for what the test does behind its back.
+func fencedSQLite(t *testing.T) (*registry.Registry, *sql.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "registry.db")
+	reg, err := registry.Open(context.Background(), "sqlite://"+path, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	if _, err := reg.TakeFence(context.Background(), "stu"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return reg, db
 }
