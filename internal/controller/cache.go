@@ -141,16 +141,7 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 	default:
 		rare.management = m
 	}
-	if u, err := uuid.Parse(string(s.UID)); err == nil && u != uuid.Nil && u.String() == string(s.UID) {
-		c.uid = u
-	} else {
-		rare.uid = s.UID
-	}
-	if v, err := strconv.ParseUint(s.ResourceVersion, 10, 64); err == nil && v != 0 && strconv.FormatUint(v, 10) == s.ResourceVersion {
-		c.resourceVersion = v
-	} else {
-		rare.resourceVersion = s.ResourceVersion
-	}
+	c.compactIDs(s.UID, s.ResourceVersion, &rare)
 	rare.deletionTimestamp = s.DeletionTimestamp.DeepCopy()
 	switch {
 	case len(s.Finalizers) == 1 && s.Finalizers[0] == Finalizer:
@@ -169,8 +160,38 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 		rare.rowUID = row
 	}
 	rare.lastHandledReconcileAt = s.Status.LastHandledReconcileAt
+	c.compactStatus(&s.Status, &rare)
+	if rare.held() {
+		c.rare = &rare
+	}
+	return c
+}
 
-	switch conds := s.Status.Conditions; {
+// compactIDs keeps uid and resourceVersion rv as numbers where they are in their
+// usual form (a UUID, a decimal), as strings in rare otherwise.
+func (c *cachedStudent) compactIDs(uid types.UID, rv string, rare *rareFields) {
+	if u, err := uuid.Parse(string(uid)); err == nil && u != uuid.Nil && u.String() == string(uid) {
+		c.uid = u
+	} else {
+		rare.uid = uid
+	}
+	if v, err := strconv.ParseUint(rv, 10, 64); err == nil && v != 0 && strconv.FormatUint(v, 10) == rv {
+		c.resourceVersion = v
+	} else {
+		rare.resourceVersion = rv
+	}
+}
+
+// held says whether r holds anything: most Students need no rareFields at all.
+func (r *rareFields) held() bool {
+	return r.deletionPolicy != "" || r.management != "" || r.uid != "" || r.resourceVersion != "" || r.deletionTimestamp != nil || r.finalizers != nil ||
+		r.reconcileRequestedAt != "" || r.rowUID != "" || r.lastHandledReconcileAt != "" || r.conditions != nil
+}
+
+// compactStatus keeps status's conditions, shared with other Students' where they are
+// the same, and what it says of the registry row.
+func (c *cachedStudent) compactStatus(status *studentv1.StudentStatus, rare *rareFields) {
+	switch conds := status.Conditions; {
 	case len(conds) > len(conditionSet{}.c):
 		rare.conditions = slices.Clone(conds)
 	case len(conds) > 0:
@@ -178,18 +199,13 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 		copy(set.c[:], conds)
 		c.conditions = unique.Make(set)
 	}
-	if r := s.Status.Registry; r != nil {
+	if r := status.Registry; r != nil {
 		facts := registryFacts{owner: r.Owner, generation: r.WrittenGeneration}
 		if r.LastWrittenTime != nil {
 			facts.written, facts.hasWritten = r.LastWrittenTime.Time, true
 		}
 		c.registry = unique.Make(facts)
 	}
-	if rare.deletionPolicy != "" || rare.management != "" || rare.uid != "" || rare.resourceVersion != "" || rare.deletionTimestamp != nil || rare.finalizers != nil ||
-		rare.reconcileRequestedAt != "" || rare.rowUID != "" || rare.lastHandledReconcileAt != "" || rare.conditions != nil {
-		c.rare = &rare
-	}
-	return c
 }
 
 // student is the Student that c was made from, with the fields that the cache keeps,

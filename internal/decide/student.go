@@ -61,6 +61,12 @@ func reconcile(f Facts) Decision {
 	if s.Observed() {
 		return observe(f)
 	}
+	return manage(f)
+}
+
+// manage decides for a live, valid, managed Student: its finalizer, then its row.
+func manage(f Facts) Decision {
+	s, row := f.Student, f.Row
 	var d Decision
 	if !s.Finalizer {
 		d = d.with(Action{Op: AddFinalizer})
@@ -378,6 +384,13 @@ func finalize(f Facts) Decision {
 		// Switched to Manage and deleted before a sync managed the row again.
 		return leave(EventRowOwnedElsewhere, fmt.Sprintf("row %s is observed", rec.UID))
 	}
+	return letGo(f, done)
+}
+
+// letGo decides how the finalizer lets go of a row that is its own to let go: per
+// the Student's policy and the row's, then done.
+func letGo(f Facts, done Action) Decision {
+	s, row, rec := f.Student, f.Row, f.Row.Record
 	want := Want(f.Owner, s)
 	letGo := func(op Op, cause string) Decision {
 		return Decision{Actions: []Action{{Op: op, Record: want, Why: registry.Why{Cause: cause}}, done}}
