@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -60,6 +61,11 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 		return 1, err
 	}
 	defer func() { release(); _ = reg.Close() }()
+	// A registry put back in time holds rows of Students deleted since: adopt would
+	// bring them back. It makes none until an operator confirms the registry.
+	if err := registryBehind(ctx, kube, opts, reg, false); err != nil {
+		return 1, fmt.Errorf("refused: %w", err)
+	}
 	// Rows are bound to this owner: it must be this cluster's (bound on first use).
 	if opts.dryRun {
 		if b, err := reg.BindingOf(ctx, opts.owner); err == nil && b.Cluster != cluster {
@@ -164,8 +170,11 @@ type adopter struct {
 // short is finished by the next (the Student names its row's former uid).
 func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row registry.Record) error {
 	key := act.Namespace + "/" + act.Name
-	if act.Action == controller.PlanFinish {
+	switch act.Action {
+	case controller.PlanFinish:
 		return a.unpause(ctx, act.Namespace, act.Name)
+	case controller.PlanRebind:
+		return a.rebind(ctx, act, row)
 	}
 	if row.Owner == a.owner && row.Management != registry.ManagementObserve {
 		// The owner's row whose Student is gone: a running controller's sweep takes it
@@ -202,11 +211,35 @@ func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row r
 		s = created
 	}
 	err := a.reg.Adopt(ctx, row.UID, registry.Record{UID: string(s.UID), Namespace: s.Namespace, Name: s.Name, Owner: a.owner,
-		Generation: s.Generation, DeletionPolicy: string(s.Spec.DeletionPolicy)})
+		Generation: s.Generation, DeletionPolicy: string(s.Spec.DeletionPolicy), Management: registry.ManagementObserve}, registry.CauseAdopted)
 	if err != nil {
 		return fmt.Errorf("bind the row to Student %s: %w", s.UID, err)
 	}
 	return a.unpause(ctx, act.Namespace, act.Name)
+}
+
+// rebind binds the row again to the Student that names it, as it stands (its
+// management, generation and policy), and asks the controller to sync it: it had
+// refused the Student, which nothing else brings back.
+func (a *adopter) rebind(ctx context.Context, act controller.PlannedAction, row registry.Record) error {
+	s, err := a.students.BolingcavalryV1().Students(act.Namespace).Get(ctx, act.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	management := ""
+	if s.Spec.Management == studentv1.ManagementObserve {
+		management = registry.ManagementObserve
+	}
+	err = a.reg.Adopt(ctx, row.UID, registry.Record{UID: string(s.UID), Namespace: s.Namespace, Name: s.Name, Owner: a.owner,
+		Generation: s.Generation, DeletionPolicy: string(decide.SpecPolicy(s.Spec)), Management: management}, registry.CauseRebound)
+	if err != nil {
+		return fmt.Errorf("bind the row to Student %s: %w", s.UID, err)
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, studentv1.AnnotationReconcileRequestedAt, time.Now().UTC().Format(time.RFC3339Nano))
+	if _, err := a.students.BolingcavalryV1().Students(act.Namespace).Patch(ctx, act.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("ask for a sync of the Student (annotate %s): %w", studentv1.AnnotationReconcileRequestedAt, err)
+	}
+	return nil
 }
 
 // unpause lets the controller sync an adopted Student: its paused annotation goes, and
@@ -228,5 +261,5 @@ func printAdoption(w io.Writer, reg, owner string, p controller.AdoptionPlan, ma
 	if p.Refused {
 		fmt.Fprintf(w, "Refused: more rows to adopt than one run adopts (%d); none is. Narrow them (--namespace, --school) or raise --max-adoptions.\n", p.Bound)
 	}
-	fmt.Fprintf(w, "%d to adopt as observed Students.\n", p.Changes())
+	fmt.Fprintf(w, "%d to adopt as observed Students or bind again.\n", p.Changes())
 }

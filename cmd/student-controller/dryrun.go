@@ -48,6 +48,8 @@ func (dryRunRegistry) RecordPolicy(context.Context, string, string, string) erro
 
 func (dryRunRegistry) MarkObserved(context.Context, string, string) error { return errDryRun }
 
+func (dryRunRegistry) Adopt(context.Context, string, registry.Record, string) error { return errDryRun }
+
 func (dryRunRegistry) Bind(context.Context, string, string) (registry.Binding, error) {
 	return registry.Binding{}, errDryRun
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -284,26 +285,17 @@ func confirmCommand(namespace, name string, seen int64) string {
 	return fmt.Sprintf("kubectl -n %s annotate configmap %s %s=%d", namespace, name, AnnotationBehindConfirmed, seen)
 }
 
-// registryBehind reads the cluster's mark for a command (prune): nil when the registry
-// is not behind it, or an operator has confirmed; otherwise an error that says so. A
-// mark it cannot find (no namespace given, no ConfigMap, another owner's) is an error
-// too: prune deletes nothing on a registry it cannot tell is current.
-func registryBehind(ctx context.Context, client kubernetes.Interface, opts options, reg *registry.Registry) error {
-	namespace, name := markPlace(opts)
-	if namespace == "" {
-		return errors.New("the cluster's mark of the registry is needed to tell that the registry did not go back in time: " +
-			"give the controller's namespace with --registry-mark-namespace (and its --leader-elect-id where the Lease is not student-controller)")
-	}
-	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return fmt.Errorf("no ConfigMap %s/%s keeps the registry's mark: a controller of this version keeps it once it runs "+
-			"(check --registry-mark-namespace and --leader-elect-id)", namespace, name)
-	case err != nil:
-		return fmt.Errorf("read the cluster's mark of the registry (ConfigMap %s/%s): %w", namespace, name, err)
-	case cm.Data[markOwner] != opts.owner:
-		return fmt.Errorf("ConfigMap %s/%s keeps the mark of owner %q, not %q: run a controller of this owner first", namespace, name,
-			cm.Data[markOwner], opts.owner)
+// registryBehind reads the cluster's mark for a command (prune, adopt): nil when the
+// registry is not behind it, or an operator has confirmed; otherwise an error that
+// says so. For prune (required) a mark it cannot find (no namespace given, no
+// ConfigMap, another owner's) is an error too: prune deletes nothing on a registry it
+// cannot tell is current. Adopt goes on where the cluster keeps no mark of the owner
+// yet (a cluster rebuilt adopts before its controller runs), and looks for it by its
+// label when no namespace is given.
+func registryBehind(ctx context.Context, client kubernetes.Interface, opts options, reg *registry.Registry, required bool) error {
+	cm, err := findMark(ctx, client, opts, required)
+	if err != nil || cm == nil {
+		return err
 	}
 	seen, _ := strconv.ParseInt(cm.Data[markValue], 10, 64)
 	if cm.Annotations[AnnotationBehindConfirmed] == strconv.FormatInt(seen, 10) {
@@ -318,5 +310,55 @@ func registryBehind(ctx context.Context, client kubernetes.Interface, opts optio
 	} else if mark >= seen {
 		return nil
 	}
-	return errors.New(behindMessage(mark, seen, namespace, name))
+	return errors.New(behindMessage(mark, seen, cm.Namespace, cm.Name))
+}
+
+// findMark finds the ConfigMap that keeps the owner's mark: nil when there is none
+// and it is not required.
+func findMark(ctx context.Context, client kubernetes.Interface, opts options, required bool) (*corev1.ConfigMap, error) {
+	namespace, name := markPlace(opts)
+	if namespace == "" && !required {
+		return searchMark(ctx, client, opts.owner)
+	}
+	if namespace == "" {
+		return nil, errors.New("the cluster's mark of the registry is needed to tell that the registry did not go back in time: " +
+			"give the controller's namespace with --registry-mark-namespace (and its --leader-elect-id where the Lease is not student-controller)")
+	}
+	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) && !required, err == nil && cm.Data[markOwner] != opts.owner && !required:
+		return nil, nil
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("no ConfigMap %s/%s keeps the registry's mark: a controller of this version keeps it once it runs "+
+			"(check --registry-mark-namespace and --leader-elect-id)", namespace, name)
+	case err != nil:
+		return nil, fmt.Errorf("read the cluster's mark of the registry (ConfigMap %s/%s): %w", namespace, name, err)
+	case cm.Data[markOwner] != opts.owner:
+		return nil, fmt.Errorf("ConfigMap %s/%s keeps the mark of owner %q, not %q: run a controller of this owner first", namespace, name,
+			cm.Data[markOwner], opts.owner)
+	}
+	return cm, nil
+}
+
+// searchMark finds the owner's mark in any namespace, by the label the controller
+// gives it: nil when there is none, an error when there are several.
+func searchMark(ctx context.Context, client kubernetes.Interface, owner string) (*corev1.ConfigMap, error) {
+	list, err := client.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + controller.Name})
+	if err != nil {
+		return nil, fmt.Errorf("look for the cluster's mark of the registry (or give --registry-mark-namespace): %w", err)
+	}
+	var found []*corev1.ConfigMap
+	for i, cm := range list.Items {
+		if strings.HasSuffix(cm.Name, markSuffix) && cm.Data[markOwner] == owner {
+			found = append(found, &list.Items[i])
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, nil
+	case 1:
+		return found[0], nil
+	}
+	return nil, fmt.Errorf("%d ConfigMaps keep the mark of owner %q (%s/%s, %s/%s): give the controller's with --registry-mark-namespace",
+		len(found), owner, found[0].Namespace, found[0].Name, found[1].Namespace, found[1].Name)
 }

@@ -47,11 +47,19 @@ func TestMarkKeeper(t *testing.T) {
 		t.Error("Behind before the first check: nil, want an error (not compared yet)")
 	}
 	// prune deletes nothing on a registry whose mark it cannot find.
-	if err := registryBehind(ctx, client, options{owner: "stu", leaderElectID: "student-controller"}, reg); err == nil {
+	if err := registryBehind(ctx, client, options{owner: "stu", leaderElectID: "student-controller"}, reg, true); err == nil {
 		t.Error("prune's check with no namespace for the mark: nil, want a refusal")
 	}
-	if err := registryBehind(ctx, client, opts, reg); err == nil || !strings.Contains(err.Error(), "no ConfigMap") {
+	if err := registryBehind(ctx, client, opts, reg, true); err == nil || !strings.Contains(err.Error(), "no ConfigMap") {
 		t.Errorf("prune's check before any controller kept a mark: %v, want a refusal", err)
+	}
+	// adopt goes on where no mark is kept yet: a cluster rebuilt adopts before its
+	// controller runs. Without a namespace it looks for the mark by its label.
+	anywhere := options{owner: "stu", leaderElectID: "student-controller"}
+	for _, o := range []options{anywhere, opts} {
+		if err := registryBehind(ctx, client, o, reg, false); err != nil {
+			t.Errorf("adopt's check before any controller kept a mark (namespace %q): %v, want nil", o.markNamespace, err)
+		}
 	}
 	check := func(wantBehind bool) {
 		t.Helper()
@@ -80,7 +88,7 @@ func TestMarkKeeper(t *testing.T) {
 	if got := data(); got["owner"] != "stu" || got["mark"] != "3" || got["behind"] != "" {
 		t.Fatalf("the ConfigMap after three checks: %v; want owner stu, mark 3", got)
 	}
-	if err := registryBehind(ctx, client, opts, reg); err != nil {
+	if err := registryBehind(ctx, client, opts, reg, true); err != nil {
 		t.Errorf("prune's check while the registry is level: %v", err)
 	}
 
@@ -109,8 +117,13 @@ func TestMarkKeeper(t *testing.T) {
 	if got := data(); got["mark"] != "3" || got["behind"] != "1" {
 		t.Errorf("the ConfigMap while behind: %v; want mark 3, behind 1", got)
 	}
-	if err := registryBehind(ctx, client, opts, reg); err == nil || !strings.Contains(err.Error(), "mark is 1, below the 3") {
+	if err := registryBehind(ctx, client, opts, reg, true); err == nil || !strings.Contains(err.Error(), "mark is 1, below the 3") {
 		t.Errorf("prune's check while behind: %v; want a refusal naming both marks", err)
+	}
+	for _, o := range []options{anywhere, opts} {
+		if err := registryBehind(ctx, client, o, reg, false); err == nil || !strings.Contains(err.Error(), "mark is 1, below the 3") {
+			t.Errorf("adopt's check while behind (namespace %q): %v; want a refusal naming both marks", o.markNamespace, err)
+		}
 	}
 
 	// A confirmation for another mark does nothing; the right one clears it.
@@ -128,8 +141,11 @@ func TestMarkKeeper(t *testing.T) {
 	annotate("2")
 	check(true)
 	annotate("3")
-	if err := registryBehind(ctx, client, opts, reg); err != nil {
+	if err := registryBehind(ctx, client, opts, reg, true); err != nil {
 		t.Errorf("prune's check once confirmed: %v", err)
+	}
+	if err := registryBehind(ctx, client, anywhere, reg, false); err != nil {
+		t.Errorf("adopt's check once confirmed: %v", err)
 	}
 	check(false)
 	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})

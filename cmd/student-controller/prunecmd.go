@@ -50,7 +50,7 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Wri
 	}
 	// A registry put back in time holds rows whose policy the cluster changed since:
 	// nothing is pruned on its word until an operator confirms it.
-	if err := registryBehind(ctx, kube, opts, reg); err != nil {
+	if err := registryBehind(ctx, kube, opts, reg, true); err != nil {
 		return 1, fmt.Errorf("refused: %w", err)
 	}
 	released, malformed, err := reg.ListReleased(ctx, opts.owner)

@@ -14,10 +14,12 @@ import (
 
 // The actions of an adoption plan (student-controller registry adopt): make an
 // observed Student of a row and bind the row to it (adopt), finish one that a run cut
-// short left paused (finish), or leave the row and say why (refuse).
+// short left paused (finish), bind a row again to the Student that names it (rebind),
+// or leave the row and say why (refuse).
 const (
 	PlanAdopt  = "adopt"
 	PlanFinish = "finish"
+	PlanRebind = "rebind"
 )
 
 // AnnotationAdoptedFrom names, on a Student that adopt made, the uid its row had
@@ -137,6 +139,15 @@ func adoption(row registry.Record, in AdoptInput) (string, string) {
 			return PlanFinish, "adopted by a run that was cut short: let its Student go"
 		}
 		return "", ""
+	}
+	if s, ok := in.Students[key]; ok && s.RowUID == row.UID && s.UID != row.UID && s.AdoptedFrom != row.UID && (row.Owner == "" || row.Owner == in.Owner) {
+		// The Student of this name names the row, which is bound to a Student gone
+		// (made again, or its cluster rebuilt) or to none.
+		if row.Owner == "" {
+			return PlanRebind, "no owner and no binding (released, written again whole by its system, or put back from an older backup): " +
+				"bound to the Student that names it"
+		}
+		return PlanRebind, fmt.Sprintf("bound to Student %s, which is gone: bound to the Student that names it", cmp.Or(row.StudentUID, row.UID))
 	}
 	if _, adoptable, why := decide.WithoutStudent(row, in.Owner); !adoptable {
 		return PlanRefuse, why

@@ -37,13 +37,19 @@ func TestPlanAdoption(t *testing.T) {
 			row("r13", "school", "twice", "", released),
 			// adopted: its key kept, bound to its Student's uid, which names it
 			row("r14", "school", "kept-key", owner, func(r *registry.Record) { r.StudentUID = "u14" }),
+			// bound to a Student gone, whose name a new one holds that names the row
+			row("r15", "school", "made-again", owner, func(r *registry.Record) { r.StudentUID = "u-old" }),
+			// another owner's: never bound again
+			row("r16", "school", "theirs-again", "another", func(r *registry.Record) { r.StudentUID = "u-old" }),
 		},
 		Students: map[string]ClusterStudent{
-			"school/live":     {UID: "r5", RowUID: "r5"},
-			"school/taken":    {UID: "u-taken", RowUID: "u-taken"},
-			"school/resumed":  {UID: "u-resumed", RowUID: "r7", AdoptedFrom: "r7", Paused: true}, // r7 not bound yet
-			"school/finished": {UID: "u11", RowUID: "u11", AdoptedFrom: "r11", Paused: true},
-			"school/kept-key": {UID: "u14", RowUID: "r14"},
+			"school/live":         {UID: "r5", RowUID: "r5"},
+			"school/taken":        {UID: "u-taken", RowUID: "u-taken"},
+			"school/resumed":      {UID: "u-resumed", RowUID: "r7", AdoptedFrom: "r7", Paused: true}, // r7 not bound yet
+			"school/finished":     {UID: "u11", RowUID: "u11", AdoptedFrom: "r11", Paused: true},
+			"school/kept-key":     {UID: "u14", RowUID: "r14"},
+			"school/made-again":   {UID: "u-new", RowUID: "r15"},
+			"school/theirs-again": {UID: "u-new2", RowUID: "r16"},
 		},
 		Namespaces: map[string]bool{"school": true},
 		Max:        10,
@@ -52,6 +58,7 @@ func TestPlanAdoption(t *testing.T) {
 	want := map[string]string{
 		"r1": PlanAdopt, "r2": PlanAdopt, "r3": PlanAdopt, "r4": PlanRefuse, "r6": PlanRefuse, "r7": PlanAdopt,
 		"r8": PlanRefuse, "r9": PlanRefuse, "r10": PlanRefuse, "u11": PlanFinish, "r12": PlanRefuse, "r13": PlanRefuse,
+		"r15": PlanRebind, "r16": PlanRefuse,
 	}
 	actions := map[string]string{}
 	for _, a := range got.Actions {
@@ -60,8 +67,8 @@ func TestPlanAdoption(t *testing.T) {
 	if diff := cmp.Diff(want, actions); diff != "" {
 		t.Errorf("actions (-want +got):\n%s\n%+v", diff, got.Actions)
 	}
-	if got.WithStudent != 2 || got.Rows != len(in.Rows) || got.Changes() != 5 {
-		t.Errorf("plan: %d with their Student, %d rows, %d changes; want 2, %d, 5", got.WithStudent, got.Rows, got.Changes(), len(in.Rows))
+	if got.WithStudent != 2 || got.Rows != len(in.Rows) || got.Changes() != 6 {
+		t.Errorf("plan: %d with their Student, %d rows, %d changes; want 2, %d, 6", got.WithStudent, got.Rows, got.Changes(), len(in.Rows))
 	}
 
 	in.CreateNamespaces = true
@@ -70,8 +77,8 @@ func TestPlanAdoption(t *testing.T) {
 	}
 	in.Max = 3
 	bounded := PlanAdoption(in)
-	if !bounded.Refused || bounded.Changes() != 1 { // finish is not adopting a row
-		t.Errorf("past the bound: refused %v, %d changes; want refused, only the finish", bounded.Refused, bounded.Changes())
+	if !bounded.Refused || bounded.Changes() != 2 { // finish and rebind are not adopting a row
+		t.Errorf("past the bound: refused %v, %d changes; want refused, only the finish and the rebind", bounded.Refused, bounded.Changes())
 	}
 }
 

@@ -49,6 +49,8 @@ func (c *Controller) apply(ctx context.Context, s *studentv1.Student, f *decide.
 		case errors.Is(err, registry.ErrStale):
 			f.Row.Stale = true
 			return s, row, errNewFact
+		case a.Op == decide.Rebind && errors.Is(err, registry.ErrNotFound):
+			return s, row, errNewFact // the row went since it was read
 		case errors.Is(err, registry.ErrNotOwned), errors.Is(err, registry.ErrObserved):
 			f.Row.Refused = err.Error()
 			return s, row, errNewFact
@@ -109,6 +111,11 @@ func (c *Controller) do(ctx context.Context, s *studentv1.Student, a decide.Acti
 		out.wrote = true
 	case decide.MarkObserved:
 		err = c.write.markObserved(ctx, rec.UID, c.cfg.Owner)
+	case decide.Rebind:
+		// Bound as decide said: the row as it stands, with the binding.
+		err = c.write.adopt(ctx, rec.UID, registry.Record{UID: rec.StudentUID, Namespace: rec.Namespace, Name: rec.Name, Owner: rec.Owner,
+			Generation: rec.Generation, DeletionPolicy: rec.DeletionPolicy, Management: rec.Management}, a.Why.Cause)
+		out.row, out.wrote = rec, true
 	case decide.RecordPolicy:
 		err = c.write.recordPolicy(ctx, rec.UID, c.cfg.Owner, rec.DeletionPolicy)
 	case decide.Delete:
@@ -152,6 +159,8 @@ func (c *Controller) observeWrite(ctx context.Context, a decide.Action, w writte
 		logger.Info("Took back a registry row this controller had released")
 	case decide.MarkObserved:
 		logger.V(2).Info("Registry row marked observed: the controller no longer writes it")
+	case decide.Rebind:
+		logger.Info("Registry row had lost its binding to this Student; bound again", "row", a.Record.UID)
 	case decide.Delete, decide.Relinquish, decide.Release:
 		c.observeLetGo(w.outcome, a.Why.Cause == registry.CauseCRDDeleted)
 		if w.outcome != registry.Absent {

@@ -50,6 +50,7 @@ type Registry interface {
 	TakeBack(ctx context.Context, rec registry.Record, cause string) (registry.Record, error)
 	RecordPolicy(ctx context.Context, uid, owner, policy string) error
 	MarkObserved(ctx context.Context, uid, owner string) error
+	Adopt(ctx context.Context, from string, rec registry.Record, cause string) error
 	Bind(ctx context.Context, owner, cluster string) (registry.Binding, error)
 	PruneHistory(ctx context.Context, before time.Time) (int64, error)
 }

@@ -72,7 +72,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		registryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "student_controller_registry_operation_duration_seconds",
-			Help:    "Latency of registry operations, by operation (get, insert, upsert, rewind, take_back, delete, release, relinquish, record_policy, mark_observed, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
+			Help:    "Latency of registry operations, by operation (get, insert, upsert, rewind, take_back, delete, release, relinquish, record_policy, mark_observed, adopt, bind, list, prune_history) and result (ok, not_found, not_owned, malformed, exists, error).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"operation", "result"}),
 		rowsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -521,6 +521,13 @@ func (t timedRegistry) RecordPolicy(ctx context.Context, uid, owner, policy stri
 func (t timedRegistry) MarkObserved(ctx context.Context, uid, owner string) error {
 	ctx, op := t.start(ctx, "mark_observed")
 	err := t.Registry.MarkObserved(ctx, uid, owner)
+	op.end(err)
+	return err
+}
+
+func (t timedRegistry) Adopt(ctx context.Context, from string, rec registry.Record, cause string) error {
+	ctx, op := t.start(ctx, "adopt")
+	err := t.Registry.Adopt(ctx, from, rec, cause)
 	op.end(err)
 	return err
 }

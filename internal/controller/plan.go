@@ -200,6 +200,8 @@ func planned(s *studentv1.Student, d decide.Decision) []PlannedAction {
 			add(PlanRestore, registry.CauseTakenBack)
 		case decide.MarkObserved:
 			add(PlanUpdate, planMarkObserved)
+		case decide.Rebind:
+			add(PlanUpdate, planRebind)
 		case decide.RecordPolicy:
 			add(PlanUpdate, "its deletion policy is recorded")
 		case decide.Delete:
@@ -259,6 +261,9 @@ func (plan *Plan) sweep(in PlanInput, seen map[string]bool) {
 // planMarkObserved is the cause of the one write an observed Student makes: the mark of
 // a row it managed until then.
 const planMarkObserved = "observed: the row is marked so, and nothing else of it changes"
+
+// planRebind is the cause of the write that binds a row to its Student again.
+const planRebind = "the row lost its binding to this Student: it is bound again"
 
 // planAction is the plan's name of a row write's action.
 func planAction(action string) string {

@@ -1,10 +1,13 @@
 package controller
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -33,7 +36,7 @@ func TestAdoptedRowKeepsItsKey(t *testing.T) {
 	// Another system's row, adopted for Student a.
 	exec(`INSERT INTO students (uid, namespace, name, student_name, school) VALUES ('ext-1', 'school', 'a', '张三', '深圳中学')`)
 	if err := f.registry.Adopt(f.ctx, "ext-1", registry.Record{UID: "uid-a", Namespace: "school", Name: "a", Owner: owner, Generation: 1,
-		DeletionPolicy: registry.PolicyDelete}); err != nil {
+		DeletionPolicy: registry.PolicyDelete, Management: registry.ManagementObserve}, registry.CauseAdopted); err != nil {
 		t.Fatal(err)
 	}
 	sync := func(name string) error {
@@ -108,5 +111,81 @@ func TestAdoptedRowKeepsItsKey(t *testing.T) {
 		case name == "a" && there:
 			t.Error("the bound Student's deletion (policy Delete) kept the row")
 		}
+	}
+}
+
+// TestLostBindingIsFoundAgain: a Student whose row lost its binding, while the row
+// still records the Student's namespace and name, binds it again and keeps the one
+// row: the other system wrote the row again whole (delete and insert), or the
+// Student was deleted with Orphan and made again with a new uid.
+func TestLostBindingIsFoundAgain(t *testing.T) {
+	f := newFixture(t, newStudent("a", withFinalizer, observing, namingRow("ext-1")),
+		newStudent("b", withFinalizer, orphan, namingRow("ext-2")))
+	db := f.rawDB()
+	exec := func(query string, args ...any) {
+		t.Helper()
+		if _, err := db.ExecContext(f.ctx, query, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync := func(name string) {
+		t.Helper()
+		f.observe("school", name)
+		if err := f.ctrl.sync(f.ctx, "school/"+name); err != nil {
+			t.Fatalf("sync %s: %v", name, err)
+		}
+	}
+	for _, r := range []struct{ row, name, uid, management string }{{"ext-1", "a", "uid-a", registry.ManagementObserve}, {"ext-2", "b", "uid-b", ""}} {
+		exec(`INSERT INTO students (uid, namespace, name, student_name, school) VALUES ($1, 'school', $2, '张三', '深圳中学')`, r.row, r.name)
+		if err := f.registry.Adopt(f.ctx, r.row, registry.Record{UID: r.uid, Namespace: "school", Name: r.name, Owner: owner, Generation: 1,
+			DeletionPolicy: registry.PolicyOrphan, Management: r.management}, registry.CauseAdopted); err != nil {
+			t.Fatal(err)
+		}
+		sync(r.name)
+	}
+	f.events()
+
+	// The other system replaces its row whole: no owner, no binding, a new school.
+	exec(`DELETE FROM students WHERE uid = 'ext-1'`)
+	exec(`INSERT INTO students (uid, namespace, name, student_name, school) VALUES ('ext-1', 'school', 'a', '张三', 'school C')`)
+	sync("a")
+	if row := f.rows()["ext-1"]; row.Owner != owner || row.StudentUID != "uid-a" || row.Management != registry.ManagementObserve || row.School != "school C" {
+		t.Errorf("the replaced row after the sync: %+v; want it bound to uid-a again, observed, as the other system wrote it", row)
+	}
+	if c := f.conditionOf("a", studentv1.ConditionReady); c == nil || c.Reason != studentv1.ReasonDrifted {
+		t.Errorf("Ready of a: %+v, want Drifted (the school differs)", c)
+	}
+	if got := f.events(); !slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, decide.EventRowRebound) }) {
+		t.Errorf("events: %v, want %s", got, decide.EventRowRebound)
+	}
+
+	// b, deleted with Orphan, lets its row go; made again, with a new uid, it binds it.
+	s := f.get("school", "b")
+	deleting(s)
+	if _, err := f.client.BolingcavalryV1().Students("school").Update(f.ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sync("b")
+	if row := f.rows()["ext-2"]; row.Owner != "" || row.ReleasedAt.IsZero() {
+		t.Fatalf("the row of b after its deletion: %+v, want it released", row)
+	}
+	if err := f.client.BolingcavalryV1().Students("school").Delete(f.ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	again := newStudent("b", orphan, namingRow("ext-2"))
+	again.UID = "uid-b2"
+	if _, err := f.client.BolingcavalryV1().Students("school").Create(f.ctx, again, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sync("b")
+	rows := f.rows()
+	if row := rows["ext-2"]; row.Owner != owner || row.StudentUID != "uid-b2" || !row.ReleasedAt.IsZero() {
+		t.Errorf("the row of b made again: %+v; want it owned and bound to uid-b2", row)
+	}
+	if len(rows) != 2 {
+		t.Errorf("rows: %v; want ext-1 and ext-2 alone", rows)
+	}
+	if c := f.conditionOf("b", studentv1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("Ready of b made again: %+v, want True", c)
 	}
 }

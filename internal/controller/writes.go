@@ -97,6 +97,12 @@ func (w *writes) markObserved(ctx context.Context, uid, owner string) error {
 	return err
 }
 
+// adopt binds the row of uid from to the Student rec names.
+func (w *writes) adopt(ctx context.Context, from string, rec registry.Record, cause string) error {
+	_, err := guard(w, func() (struct{}, error) { return struct{}{}, w.registry.Adopt(ctx, from, rec, cause) })
+	return err
+}
+
 func (w *writes) pruneHistory(ctx context.Context, before time.Time) (int64, error) {
 	return guard(w, func() (int64, error) { return w.registry.PruneHistory(ctx, before) })
 }

@@ -42,13 +42,15 @@ const (
 	Release
 	// Relinquish releases the row as it stands.
 	Relinquish
+	// Rebind binds the row the Student names to it again, as adopt binds a row.
+	Rebind
 	RemoveFinalizer
 )
 
 var opNames = map[Op]string{
 	AddFinalizer: "add-finalizer", Insert: "insert", Upsert: "upsert", Rewind: "rewind", TakeBack: "take-back",
 	MarkObserved: "mark-observed", RecordPolicy: "record-policy", Delete: "delete", Release: "release",
-	Relinquish: "relinquish", RemoveFinalizer: "remove-finalizer",
+	Relinquish: "relinquish", Rebind: "rebind", RemoveFinalizer: "remove-finalizer",
 }
 
 func (o Op) String() string { return opNames[o] }

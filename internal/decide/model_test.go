@@ -19,7 +19,8 @@ import (
 // decides again, for three syncs. It checks the rules the controller promises:
 //   - a row is destroyed only by the finalizer of a Delete Student whose row records
 //     Delete, with its CRD not being deleted (absence never destroys);
-//   - no row of another owner or of another system is written;
+//   - no row of another owner or of another system is written, but one bound again
+//     (Rebind: no owner, the Student's own namespace and name);
 //   - no state is stuck: within three syncs every Student is Ready, gone, or not Ready
 //     with a reason that docs/troubleshooting.md gives a remedy for;
 //   - what a plan says (the decision over facts read, nothing written) is what the
@@ -78,22 +79,25 @@ type state struct {
 	policy                                            studentv1.DeletionPolicy
 	binding                                           binding
 	row                                               rowKind
-	content                                           content
-	rowPolicy                                         string
-	lastDeleted                                       bool
-	quorum                                            Quorum
-	crd                                               CRD
-	undoLeft                                          bool
+	// elsewhere: the row records another Student's namespace and name.
+	elsewhere   bool
+	content     content
+	rowPolicy   string
+	lastDeleted bool
+	quorum      Quorum
+	crd         CRD
+	undoLeft    bool
 }
 
 func (s state) String() string {
 	return fmt.Sprintf("live=%v finalizer=%v observed=%v paused=%v valid=%v written=%v policy=%s binding=%d row=%s content=%d rowPolicy=%q "+
-		"lastDeleted=%v quorum=%d crd=%d undoLeft=%v", s.live, s.finalizer, s.observed, s.paused, s.valid, s.written, s.policy, s.binding,
-		rowKindNames[s.row], s.content, s.rowPolicy, s.lastDeleted, s.quorum, s.crd, s.undoLeft)
+		"lastDeleted=%v quorum=%d crd=%d undoLeft=%v elsewhere=%v", s.live, s.finalizer, s.observed, s.paused, s.valid, s.written, s.policy, s.binding,
+		rowKindNames[s.row], s.content, s.rowPolicy, s.lastDeleted, s.quorum, s.crd, s.undoLeft, s.elsewhere)
 }
 
 // states enumerates the whole space. A row's content and policy mean nothing when it
-// is absent or unreadable, so those take one value there.
+// is absent or unreadable, so those take one value there; its namespace and name are
+// another Student's only where the Student names a row by annotation.
 func states(yield func(state) bool) {
 	bools := []bool{false, true}
 	for _, live := range bools {
@@ -106,17 +110,23 @@ func states(yield func(state) bool) {
 								for b := range bindings {
 									for r := range rowKinds {
 										cs, ps := []content{same, older, drifted, ahead}, []string{"", registry.PolicyDelete, registry.PolicyOrphan}
+										es := bools
 										if r == rowAbsent || r == rowMalformed {
 											cs, ps = cs[:1], ps[:1]
 										}
+										if r == rowAbsent || r == rowMalformed || b == ownKey {
+											es = es[:1]
+										}
 										for _, c := range cs {
 											for _, p := range ps {
-												for _, del := range bools {
-													for _, q := range []Quorum{QuorumCurrent, QuorumGone, QuorumChanged} {
-														for _, crd := range []CRD{CRDCurrent, CRDDeleting, CRDOlder} {
-															for _, undo := range bools {
-																if !yield(state{live, fin, obs, paused, valid, written, policy, b, r, c, p, del, q, crd, undo}) {
-																	return
+												for _, e := range es {
+													for _, del := range bools {
+														for _, q := range []Quorum{QuorumCurrent, QuorumGone, QuorumChanged} {
+															for _, crd := range []CRD{CRDCurrent, CRDDeleting, CRDOlder} {
+																for _, undo := range bools {
+																	if !yield(state{live, fin, obs, paused, valid, written, policy, b, r, e, c, p, del, q, crd, undo}) {
+																		return
+																	}
 																}
 															}
 														}
@@ -181,6 +191,9 @@ func newWorld(st state) *world {
 		rec.StudentUID = key
 	case boundElsewhere:
 		rec.StudentUID = "uid-2"
+	}
+	if st.elsewhere {
+		rec.Name = "li-si"
 	}
 	switch st.content {
 	case older:
@@ -381,6 +394,19 @@ func (w *world) apply(t *testing.T, st state, a Action, f *Facts) error {
 		default:
 			row.Owner, row.ReleasedBy = "", me
 		}
+	case Rebind:
+		// Adopt's SQL binds a row with no owner (released, another system's) or the
+		// owner's own; decide asks only for the first, of the Student's own name.
+		if row == nil || w.malformed || row.Owner != "" && row.Owner != me {
+			return refused()
+		}
+		if row.Owner != "" || row.Namespace != w.s.Namespace || row.Name != w.s.Name {
+			t.Fatalf("%s: bound a row %s, of %s/%s", st, OwnedBy(*row), row.Namespace, row.Name)
+		}
+		rec := *row
+		rec.Owner, rec.StudentUID, rec.Generation, rec.Management = me, w.s.UID, a.Record.Generation, a.Record.Management
+		rec.DeletionPolicy, rec.ReleasedAt, rec.ReleasedBy, rec.ReleaseCause = a.Record.DeletionPolicy, time.Time{}, "", ""
+		w.row = &rec
 	case Release:
 		switch {
 		case row == nil:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
@@ -18,6 +19,7 @@ const (
 	EventRegistryError     = "RegistryError"
 	EventRowOwnedElsewhere = "RowOwnedElsewhere"
 	EventRowNotBound       = "RowNotBound"
+	EventRowRebound        = "RowRebound"
 	EventInvalidSpec       = "InvalidSpec"
 	EventRegistryAhead     = "RegistryAhead"
 	EventRowTakenBack      = "RowTakenBack"
@@ -53,6 +55,9 @@ func reconcile(f Facts) Decision {
 	if s.NamesRow() {
 		if row.Read == Unread {
 			return ask(AskRow)
+		}
+		if BindingLost(row.Record, row.Read == Found, s) {
+			return rebind(f)
 		}
 		if problem := notBound(f, !s.Observed()); problem != "" {
 			return refuse(studentv1.ReasonRowNotBound, "Nothing written: "+problem, EventRowNotBound, problem, "row not bound: "+problem)
@@ -267,28 +272,64 @@ func ownedElsewhere(cause string) Decision {
 	return refuse(studentv1.ReasonRowOwnedElsewhere, msg, EventRowOwnedElsewhere, msg, cause)
 }
 
-// notBound says why s may not have the row its row-uid annotation names: the row
-// records another Student's uid, or none; or, for a write, it is missing: writing it
-// would take another system's key on the word of an annotation alone. "" when the row
-// is bound to s, or (not for a write) there is no such row.
-func notBound(f Facts, write bool) string {
-	key, row := f.Student.RowKey, f.Row
-	switch {
-	case row.Read == Absent && write:
-		return fmt.Sprintf("the row %s that annotation %s names is missing (deleted by the system that wrote it, or by hand): put it back, "+
-			"or remove the annotation to give the Student a row of its own uid", key, studentv1.AnnotationRowUID)
-	case row.Read == Absent:
-		return ""
-	case row.Read == Malformed:
-		return fmt.Sprintf("the row %s that annotation %s names cannot be read, so whose it is cannot be told", key, studentv1.AnnotationRowUID)
-	case row.Record.StudentUID == f.Student.UID:
-		return ""
-	case row.Record.StudentUID == "":
-		return fmt.Sprintf("the row %s that annotation %s names is bound to no adopted Student (its key is its own Student's, or another system's "+
-			"that adopt did not bind): the annotation was set by hand; remove it", key, studentv1.AnnotationRowUID)
+// BindingLost says whether the row a Student names (found) lost its binding to it
+// while it stayed the Student's: it has no owner (released, or written again whole
+// by the system that keys it, or put back from a backup older than the adoption),
+// records no binding to this Student, and records its namespace and name.
+func BindingLost(rec registry.Record, found bool, s Student) bool {
+	return found && rec.Owner == "" && rec.StudentUID != s.UID && rec.Namespace == s.Namespace && rec.Name == s.Name
+}
+
+// rebind decides for a live Student whose row lost its binding: the row is bound to
+// it again (as adopt binds: owner, binding, generation, policy, management; the
+// student's record as it stands), then decided as the Student's own.
+func rebind(f Facts) Decision {
+	s, rec := f.Student, f.Row.Record
+	want := Want(f.Owner, s)
+	var d Decision
+	if !s.Finalizer && !s.Observed() {
+		d, f.Student.Finalizer = d.with(Action{Op: AddFinalizer}), true
 	}
-	return fmt.Sprintf("the row %s that annotation %s names is bound to Student %s, not to this one: the annotation was copied; remove it",
-		key, studentv1.AnnotationRowUID, row.Record.StudentUID)
+	rec.Owner, rec.StudentUID, rec.Generation, rec.Management = f.Owner, s.UID, s.Generation, want.Management
+	rec.DeletionPolicy, rec.ReleasedAt, rec.ReleasedBy, rec.ReleaseCause = want.DeletionPolicy, time.Time{}, "", ""
+	d = d.with(Action{Op: Rebind, Record: rec, Why: registry.Why{Action: registry.ActionAdopted, Cause: registry.CauseRebound}})
+	f.Row.Record = rec
+	then := manage(f)
+	if s.Observed() {
+		then = observe(f)
+	}
+	then = after(d, then)
+	then.Events = append([]Event{{Reason: EventRowRebound, Message: fmt.Sprintf("The registry row %s had no owner and no binding to this "+
+		"Student (the system that keys it wrote it again whole, or an older backup was put back): it is bound to this Student again", rec.UID)}},
+		then.Events...)
+	return then
+}
+
+// notBound says why s may not have the row its row-uid annotation names: the row
+// records another Student, or another owner; or, for a write, it is missing: writing
+// it would take another system's key on the word of an annotation alone. "" when the
+// row is bound to s, or (not for a write) there is no such row.
+func notBound(f Facts, write bool) string {
+	s, rec := f.Student, f.Row.Record
+	names := fmt.Sprintf("the row %s that annotation %s names", s.RowKey, studentv1.AnnotationRowUID)
+	switch read := f.Row.Read; {
+	case read == Absent && write:
+		return names + " is missing (deleted by the system that wrote it, or by hand): put it back, " +
+			"or remove the annotation to give the Student a row of its own uid"
+	case read == Absent:
+		return ""
+	case read == Malformed:
+		return names + " cannot be read, so whose it is cannot be told"
+	case rec.StudentUID == s.UID:
+		return ""
+	case rec.Namespace != s.Namespace || rec.Name != s.Name:
+		return fmt.Sprintf("%s is Student %s/%s's, not this one's: the annotation was copied or set by hand; "+
+			"remove it to give this Student a row of its own uid", names, rec.Namespace, rec.Name)
+	case rec.Owner != "" && rec.Owner != f.Owner:
+		return fmt.Sprintf("%s is %s", names, OwnedBy(rec))
+	}
+	return fmt.Sprintf("%s was bound to Student %s of this namespace and name, which is gone (made again, or its cluster rebuilt): "+
+		"bind the row to this one with student-controller registry adopt", names, cmp.Or(rec.StudentUID, rec.UID))
 }
 
 // observe decides for an observed Student: the row is compared and reported, never

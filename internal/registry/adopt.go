@@ -9,14 +9,14 @@ import (
 	"strings"
 )
 
-// adoptSQL binds a row to its new Student and owner ($2, $5): released rows, rows
-// another system inserted (no owner) and the owner's own. The row keeps its uid, the
-// key that system writes it by, and records its Student's in student_uid (NULL when
-// they are the same); it becomes observed. The student's record (names, school,
+// adoptSQL binds a row to its Student and owner ($2, $5): released rows, rows another
+// system inserted (no owner) and the owner's own. The row keeps its uid, the key that
+// system writes it by, and records its Student's in student_uid (NULL when they are
+// the same) and the Student's management ($8). The student's record (names, school,
 // created_at, updated_at) stays as it was.
 const adoptSQL = `
 	UPDATE students SET student_uid = CASE WHEN uid = $2 THEN NULL ELSE $2 END, namespace = $3, name = $4, owner = $5,
-		generation = $6, deletion_policy = $7, released_at = NULL, released_by = NULL, release_cause = NULL, management = 'Observe'
+		generation = $6, deletion_policy = $7, released_at = NULL, released_by = NULL, release_cause = NULL, management = $8
 	WHERE uid = $1 AND (owner IS NULL OR owner = $5)` + returned
 
 // ListAll returns every readable row of the registry, whatever its owner, by
@@ -33,21 +33,22 @@ func (r *Registry) ListAll(ctx context.Context) ([]Record, []MalformedRow, error
 }
 
 // Adopt binds the row of uid from to the Student rec names (rec.UID, its namespace
-// and name), owned by rec.Owner, at rec.Generation and rec.DeletionPolicy, and marks it
-// observed, in one transaction with a history row (ActionAdopted, CauseAdopted). The
+// and name), owned by rec.Owner, at rec.Generation, rec.DeletionPolicy and
+// rec.Management, in one transaction with a history row (ActionAdopted, and cause:
+// CauseAdopted for a Student adopt made, CauseRebound for one that lost it). The
 // row keeps its uid (from): the Student's goes into student_uid, and the Student
 // names the row by its row-uid annotation. Only a released row, one with no owner
 // (another system's) or rec.Owner's own is bound; another owner's is ErrNotOwned, a
 // missing one ErrNotFound. The student's record in it is not changed.
-func (r *Registry) Adopt(ctx context.Context, from string, rec Record) error {
+func (r *Registry) Adopt(ctx context.Context, from string, rec Record, cause string) error {
 	if err := requireKey("adopt", rec); err != nil {
 		return err
 	}
 	var n int64
 	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
-		e := entry{uid: from, action: ActionAdopted, owner: rec.Owner, cause: CauseAdopted}
+		e := entry{uid: from, action: ActionAdopted, owner: rec.Owner, cause: cause}
 		bound, err := scanReturned(in(r.adopt).QueryRowContext(ctx, from, rec.UID, rec.Namespace, rec.Name, rec.Owner,
-			rec.Generation, policyValue(rec.DeletionPolicy)), &e)
+			rec.Generation, policyValue(rec.DeletionPolicy), managementValue(rec.Management)), &e)
 		if !bound {
 			return nil, err
 		}

@@ -799,6 +799,14 @@ func policyValue(p string) any {
 	return p
 }
 
+// managementValue is what a write stores for a management: NULL for a managed row.
+func managementValue(m string) any {
+	if m == "" {
+		return nil
+	}
+	return ManagementObserve
+}
+
 // policyOf keeps only the policies the schema takes.
 func policyOf(p string) string {
 	if p == PolicyDelete || p == PolicyOrphan {

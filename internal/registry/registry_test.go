@@ -667,8 +667,9 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 			t.Fatalf("ListAll: %d rows, %v malformed, %v; want 4", len(all), malformed, err)
 		}
 		for _, from := range []string{"mine", "released", "outside"} {
-			to := registry.Record{UID: "new-" + from, Namespace: "default", Name: "n-" + from, Owner: "ctl", Generation: 1, DeletionPolicy: registry.PolicyOrphan}
-			if err := r.Adopt(ctx, from, to); err != nil {
+			to := registry.Record{UID: "new-" + from, Namespace: "default", Name: "n-" + from, Owner: "ctl", Generation: 1, DeletionPolicy: registry.PolicyOrphan,
+				Management: registry.ManagementObserve}
+			if err := r.Adopt(ctx, from, to, registry.CauseAdopted); err != nil {
 				t.Fatalf("Adopt %s: %v", from, err)
 			}
 			// The row keeps its key, the one another system writes it by, and records
@@ -686,10 +687,10 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 				t.Errorf("history of %s: %+v, %v; want it adopted last", from, h, err)
 			}
 		}
-		if err := r.Adopt(ctx, "theirs", registry.Record{UID: "x", Namespace: "default", Name: "x", Owner: "ctl", Generation: 1}); !errors.Is(err, registry.ErrNotOwned) {
+		if err := r.Adopt(ctx, "theirs", registry.Record{UID: "x", Namespace: "default", Name: "x", Owner: "ctl", Generation: 1}, registry.CauseAdopted); !errors.Is(err, registry.ErrNotOwned) {
 			t.Errorf("Adopt of another owner's row: %v, want ErrNotOwned", err)
 		}
-		if err := r.Adopt(ctx, "nope", registry.Record{UID: "y", Namespace: "default", Name: "y", Owner: "ctl", Generation: 1}); !errors.Is(err, registry.ErrNotFound) {
+		if err := r.Adopt(ctx, "nope", registry.Record{UID: "y", Namespace: "default", Name: "y", Owner: "ctl", Generation: 1}, registry.CauseAdopted); !errors.Is(err, registry.ErrNotFound) {
 			t.Errorf("Adopt of a missing row: %v, want ErrNotFound", err)
 		}
 	})

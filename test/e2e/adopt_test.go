@@ -76,7 +76,9 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 	cmdURL, password := registrytest.ForProcess(t, url)
 	run := func(args ...string) (string, int) {
 		t.Helper()
-		args = append(append(args, "--kubeconfig", env.Kubeconfig, "--registry", cmdURL, "--registry-owner", owner), password...)
+		// The mark of this test's registry, which no controller keeps: other tests keep
+		// marks of the same owner in their namespaces.
+		args = append(append(args, "--kubeconfig", env.Kubeconfig, "--registry", cmdURL, "--registry-owner", owner, "--registry-mark-namespace", ns), password...)
 		out, err := exec.Command(bin, append([]string{"registry"}, args...)...).CombinedOutput() // #nosec G204 -- the controller built for the test
 		code := exitCode(err)
 		if code == 1 || code > 2 {

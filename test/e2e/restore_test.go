@@ -268,7 +268,8 @@ func copyDir(t *testing.T, from, to string) {
 // the metric at 1, the live Students' rows written back as their Students are (the
 // row that did not change is not written), and nothing released or pruned on the
 // older backup's word. Once an operator confirms, the rows of the Students deleted
-// since are released and kept, whatever policy the backup says. registry prune lists
+// since are released and kept, whatever policy the backup says; registry adopt,
+// which would make them again, refuses before that. registry prune lists
 // the Delete ones, refuses to delete while the controller holds the owner's fence,
 // and deletes them once it is stopped.
 func TestBackupDrill(t *testing.T) {
@@ -344,6 +345,17 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 		db = registrytest.OpenSQLite(t, path)
 	} else {
 		pgTool(t, "pg_restore", "--clean", "--if-exists", "--single-transaction", "--dbname="+url, backup)
+	}
+	// adopt would make Students again of the rows the backup holds for the three
+	// deleted since: it refuses until the operator confirms the registry, even to
+	// plan (the backup's fence is still held, so --dry-run).
+	operator := append([]string{"registry", "adopt", "--dry-run", "--namespace", ns, "--kubeconfig", env.Kubeconfig}, common[2:]...)
+	adopt := exec.Command(ctrlbin.Binary(t), operator...) // #nosec G204 -- the controller built for the test
+	if out, err := adopt.CombinedOutput(); adopt.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "below the") {
+		t.Errorf("registry adopt on the registry put back: %v; want exit 1, naming both marks:\n%s", err, out)
+	}
+	if list, err := client.List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 3 {
+		t.Errorf("Students after the refused adopt: %d, %v; want the 3 live ones", len(list.Items), err)
 	}
 	ctrl = startProcess(t, "controller-after-restore", args...)
 
