@@ -61,8 +61,12 @@ func run(ctx context.Context, opts options) error {
 	var fenceHolder, behind, crdProblem atomic.Pointer[string]
 	var keeperRef atomic.Pointer[markKeeper]
 	ready := func() error {
-		if c := running.Load(); c == nil || !c.HasSynced() {
+		c := running.Load()
+		if c == nil || !c.HasSynced() {
 			return errors.New("the Student cache has not synced")
+		}
+		if err := c.CRDOlder(); err != nil {
+			return err
 		}
 		if problem := crdProblem.Load(); problem != nil {
 			return errors.New(*problem)

@@ -176,6 +176,8 @@ type Controller struct {
 	// released rows taken back, deleted rows written again, and those being written
 	// (takeUndo).
 	rewound atomic.Int64
+	// crd follows the served Student CRD (NewWiring); nil follows nothing.
+	crd *crdWatch
 }
 
 // DefaultRateLimiter spaces the retries of one Student from half a second up to five
@@ -316,7 +318,9 @@ func needsSync(oldObj, newObj any) bool {
 		return true
 	}
 	oldR, newR := oldS.rareField(), newS.rareField()
-	if oldS.generation != newS.generation || !equality.Semantic.DeepEqual(oldR.deletionTimestamp, newR.deletionTimestamp) ||
+	// The spec changes without its generation when the served CRD does (a field
+	// pruned by an older one, or given back).
+	if oldS.generation != newS.generation || oldS.spec() != newS.spec() || !equality.Semantic.DeepEqual(oldR.deletionTimestamp, newR.deletionTimestamp) ||
 		steered(oldS, newS) {
 		return true
 	}

@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
 
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
@@ -70,4 +73,56 @@ func MissingFields(crd *unstructured.Unstructured) []string {
 		}
 	}
 	return missing
+}
+
+// crdWatch follows the served Student CRD while the controller runs: an older CRD
+// applied meanwhile (a rollback, a GitOps sync of an old tree) would drop fields of the
+// next write of each Student, so while it is served the decision writes nothing for a
+// live Student and the Pod is not ready, as at start. When a current CRD comes back,
+// every Student is synced again.
+type crdWatch struct {
+	informer cache.SharedIndexInformer
+	older    atomic.Pointer[CRDTooOldError]
+	// current is called when the CRD is current again.
+	current func()
+}
+
+// newCRDWatch watches the Student CRD alone (a field selector on its name, which
+// RBAC's resourceNames allows).
+func newCRDWatch(client dynamic.Interface) *crdWatch {
+	w := &crdWatch{}
+	w.informer = dynamicinformer.NewFilteredDynamicInformer(client, crdResource, "", 0, cache.Indexers{},
+		func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + crdName }).Informer()
+	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    w.seen,
+		UpdateFunc: func(_, obj any) { w.seen(obj) },
+	})
+	return w
+}
+
+// seen takes in the CRD as the API server now serves it.
+func (w *crdWatch) seen(obj any) {
+	crd, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	if missing := MissingFields(crd); len(missing) > 0 {
+		w.older.Store(&CRDTooOldError{Missing: missing})
+		return
+	}
+	if w.older.Swap(nil) != nil && w.current != nil {
+		w.current()
+	}
+}
+
+// Older is a *CRDTooOldError while the served CRD lacks a field the controller
+// writes, nil otherwise (and for a controller that watches no CRD).
+func (w *crdWatch) Older() error {
+	if w == nil {
+		return nil
+	}
+	if e := w.older.Load(); e != nil {
+		return e
+	}
+	return nil
 }

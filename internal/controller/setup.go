@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/metadata"
@@ -37,6 +38,8 @@ type Wiring struct {
 
 	informers   *Informers
 	broadcaster record.EventBroadcaster
+	crd         *crdWatch
+	crdDone     chan struct{}
 }
 
 // WiringOptions say what the Controller watches, on top of its Config.
@@ -86,6 +89,14 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 		w.broadcaster.Shutdown()
 		return nil, err
 	}
+	dynamicClient, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		w.broadcaster.Shutdown()
+		return nil, fmt.Errorf("build dynamic client: %w", err)
+	}
+	w.crd = newCRDWatch(dynamicClient)
+	w.crd.current = w.Controller.syncAll
+	w.Controller.crd = w.crd
 	return w, nil
 }
 
@@ -113,12 +124,22 @@ func crdDeleting(client metadata.Interface) func(context.Context) (bool, error) 
 
 // Start starts the informers. They run on every replica, leader or not, so that a
 // standby takes over with a warm cache.
-func (w *Wiring) Start(ctx context.Context) { w.informers.Start(ctx.Done()) }
+func (w *Wiring) Start(ctx context.Context) {
+	w.informers.Start(ctx.Done())
+	w.crdDone = make(chan struct{})
+	go func() {
+		defer close(w.crdDone)
+		w.crd.informer.RunWithContext(ctx)
+	}()
+}
 
 // Shutdown waits for the informers to stop (after Start's ctx is done) and stops the
 // Event recorder.
 func (w *Wiring) Shutdown() {
 	w.informers.Shutdown()
+	if w.crdDone != nil {
+		<-w.crdDone
+	}
 	w.broadcaster.Shutdown()
 }
 

@@ -64,7 +64,23 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 func (c *Controller) facts(s *studentv1.Student) decide.Facts {
 	f := studentFacts(c.cfg.Owner, s)
 	f.UndoLeft, f.MaxUndo = c.rewound.Load() < int64(c.cfg.MaxRewinds), c.cfg.MaxRewinds
+	if c.crd.Older() != nil || c.crd != nil && s.Spec.Management == "" {
+		// The CRD defaults spec.management: a Student without it was read through an
+		// older CRD (the cache may still hold it so after the CRD is current again).
+		f.CRD = decide.CRDOlder
+	}
 	return f
+}
+
+// CRDOlder is a *CRDTooOldError while the served Student CRD is older than this
+// controller: it writes nothing for a live Student meanwhile, and is not ready.
+func (c *Controller) CRDOlder() error { return c.crd.Older() }
+
+// syncAll queues every Student in the cache.
+func (c *Controller) syncAll() {
+	for _, s := range c.students.list() {
+		c.queue.Add(s.key)
+	}
 }
 
 // studentFacts are the facts of s alone, for owner: what the sync and the plan know

@@ -298,7 +298,7 @@ func (w *world) sync(t *testing.T, st state) []Action {
 				w.status = d.Status
 			}
 			w.result = d.Result
-			if d.Result == Terminal {
+			if d.Result == Terminal && d.Status != nil {
 				w.refusals = append(w.refusals, d.Status.Reason)
 			}
 			w.settle()

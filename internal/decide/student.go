@@ -40,8 +40,9 @@ func Decide(f Facts) Decision {
 	case s.Deleting:
 		return finalize(f)
 	case f.CRD == CRDOlder:
-		// A write now would drop the fields the older CRD lacks.
-		return Decision{Result: Retry, Why: "the served Student CRD is older than this controller"}
+		// A write now would drop the fields the older CRD lacks. The CRD made current
+		// again brings every Student back.
+		return Decision{Result: Terminal, Why: "the served Student CRD is older than this controller"}
 	}
 	return reconcile(f)
 }

@@ -12,6 +12,7 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensions "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	sigsyaml "sigs.k8s.io/yaml"
@@ -27,7 +28,9 @@ import (
 // TestOldCRDRefused: on a cluster whose Student CRD is 0.2.0's (no spec.management),
 // the controller writes nothing and is not ready, saying the CRD is older than it and
 // what to apply; registry adopt makes no Student. Once this version's CRD is applied
-// the controller goes on, and the Student waiting meanwhile becomes Ready.
+// the controller goes on, and the Student waiting meanwhile becomes Ready. An older CRD
+// applied again while it runs stops its writes and its readiness until this version's
+// is back.
 func TestOldCRDRefused(t *testing.T) {
 	t.Parallel() // a control plane of its own
 	ctx := context.Background()
@@ -64,7 +67,7 @@ func TestOldCRDRefused(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "registry.db")
 	url := "sqlite://" + path
-	p := startProcess(t, "controller", "--kubeconfig", cp.Kubeconfig, "--registry", url, "--registry-owner", owner)
+	p := startProcess(t, "controller", "--kubeconfig", cp.Kubeconfig, "--registry", url, "--registry-owner", owner, "--sweep-interval", "2s")
 	waitFor(t, time.Minute, "/readyz to say the CRD is too old", func() bool {
 		code, body, _ := get("http://" + p.ProbeAddr + "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "older than this controller") && strings.Contains(body, "spec.management")
@@ -100,4 +103,52 @@ func TestOldCRDRefused(t *testing.T) {
 
 	setSpec(current.Spec)
 	waitAllReadyIn(t, client, 1, time.Minute)
+
+	// An older CRD applied while the controller runs: not ready again, and no write,
+	// which would drop spec.management of an observed Student (a status write stores
+	// the object through the older schema). Its row, put in line meanwhile, is reported
+	// once this version's CRD is back, and the Student still observes it.
+	kept := newStudent("kept", "school A", "")
+	kept.Spec.Management = studentv1.ManagementObserve
+	if kept, err = client.Create(ctx, kept, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	reason := func(name string) string {
+		s, err := client.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionReady); c != nil {
+			return c.Reason
+		}
+		return ""
+	}
+	waitFor(t, time.Minute, "the observed Student Drifted (no row yet)", func() bool { return reason("kept") == studentv1.ReasonDrifted })
+	setSpec(old.Spec)
+	waitFor(t, time.Minute, "/readyz to say the CRD applied is too old", func() bool {
+		code, body, _ := get("http://" + p.ProbeAddr + "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "spec.management")
+	})
+	db := registrytest.OpenSQLite(t, path)
+	if _, err := db.Exec(`INSERT INTO students (uid, namespace, name, student_name, school) VALUES ($1, $2, 'kept', '学生 kept', 'school A')`,
+		string(kept.UID), ns); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // two sweeps would have synced it
+	if got := reason("kept"); got != studentv1.ReasonDrifted {
+		t.Errorf("the observed Student under the older CRD: reason %q; want Drifted, its status not written", got)
+	}
+	setSpec(current.Spec)
+	waitFor(t, time.Minute, "/readyz once this version's CRD is back", func() bool {
+		code, _, _ := get("http://" + p.ProbeAddr + "/readyz")
+		return code == http.StatusOK
+	})
+	waitFor(t, time.Minute, "the observed Student InLine", func() bool { return reason("kept") == studentv1.ReasonInLine })
+	if s, err := client.Get(ctx, "kept", metav1.GetOptions{}); err != nil || s.Spec.Management != studentv1.ManagementObserve {
+		t.Errorf("the Student after the older CRD came and went: management %q, %v; want Observe", s.Spec.Management, err)
+	}
+	var owned int
+	if err := db.QueryRow(`SELECT count(*) FROM students WHERE owner IS NOT NULL AND uid = $1`, string(kept.UID)).Scan(&owned); err != nil || owned != 0 {
+		t.Errorf("the observed row: owned %d, %v; want it left as the other system wrote it", owned, err)
+	}
 }

@@ -355,7 +355,9 @@ func TestUninstall(t *testing.T) {
 	// An operator who deletes what config/default installed, by hand, while its
 	// controller still runs (its grace period): the CRD (config/crd), every Student, the
 	// registry's claim and the namespace it lives in (config/registry) stay, rows and
-	// all. Installed again, the controller finds every row as it was.
+	// all. Installed again, the controller finds every row as it was. The CRD deleted
+	// by hand then releases every row; applied again, a Delete Student's deletion
+	// deletes its row again.
 	t.Run("kubectl delete -k config/default keeps the CRD, the Students and the registry", func(t *testing.T) {
 		t.Parallel()
 		u := newUninstallCluster(t)
@@ -420,6 +422,33 @@ func TestUninstall(t *testing.T) {
 		if err := u.db.QueryRow(`SELECT count(*) FROM students WHERE release_cause = 'crd-deleted' AND deletion_policy = 'Delete'`).Scan(&prunable); err != nil || prunable != 6 {
 			t.Errorf("rows released for the CRD's deletion with policy Delete: %d, %v; want the 6 Delete ones", prunable, err)
 		}
+
+		// The CRD applied again, the same controller running: a user's deletion of a
+		// Delete Student deletes its row again, not released as for the CRD.
+		kubectl("apply", "-k", filepath.Join(u.cp.Root, "config", "crd"))
+		client := u.students.BolingcavalryV1().Students("school-a")
+		eventually(t, time.Minute, "the CRD served again", func(ctx context.Context) (bool, error) {
+			_, err := client.Create(ctx, newStudent("after-crd", "school A", studentv1.DeletionPolicyDelete), metav1.CreateOptions{})
+			return err == nil, nil
+		})
+		var uid string
+		eventually(t, time.Minute, "the new Student Ready, its row written", func(ctx context.Context) (bool, error) {
+			s, err := client.Get(ctx, "after-crd", metav1.GetOptions{})
+			if err != nil || !isReady(s) {
+				return false, nil
+			}
+			uid = string(s.UID)
+			_, ok := rowsOf(t, u.db)[uid]
+			return ok, nil
+		})
+		if err := client.Delete(context.Background(), "after-crd", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, time.Minute, "its row deleted with it", func(ctx context.Context) (bool, error) {
+			_, err := client.Get(ctx, "after-crd", metav1.GetOptions{})
+			_, there := rowsOf(t, u.db)[uid]
+			return apierrors.IsNotFound(err) && !there, nil
+		})
 	})
 
 	t.Run("controller gone", func(t *testing.T) {

@@ -175,7 +175,7 @@ func TestDeploymentShape(t *testing.T) {
 		"bolingcavalry.k8s.io/students/finalizers": "update",
 		"/events":                  "create,patch",
 		"/namespaces[kube-system]": "get",
-		"apiextensions.k8s.io/customresourcedefinitions[students.bolingcavalry.k8s.io]": "get",
+		"apiextensions.k8s.io/customresourcedefinitions[students.bolingcavalry.k8s.io]": "get,list,watch",
 	}
 	got := map[string]string{}
 	for _, r := range clusterRules {
