@@ -97,39 +97,12 @@ func (c *Controller) do(ctx context.Context, s *studentv1.Student, a decide.Acti
 			return out, fmt.Errorf("remove finalizer: %w", err)
 		}
 		return out, nil
-	case decide.Insert:
-		out.row, err = c.write.insert(ctx, rec, a.Why.Cause)
-		out.wrote = true
-	case decide.Upsert:
-		out.row, err = c.write.upsert(ctx, rec, a.Why)
-		out.wrote = true
-	case decide.Rewind:
-		out.row, err = c.write.rewind(ctx, rec, a.Ahead)
-		out.wrote = true
-	case decide.TakeBack:
-		out.row, err = c.write.takeBack(ctx, rec, a.Why.Cause)
-		out.wrote = true
-	case decide.MarkObserved:
-		err = c.write.markObserved(ctx, rec.UID, c.cfg.Owner)
-	case decide.Rebind:
-		// Bound as decide said: the row as it stands, with the binding.
-		err = c.write.adopt(ctx, rec.UID, registry.Record{UID: rec.StudentUID, Namespace: rec.Namespace, Name: rec.Name, Owner: rec.Owner,
-			Generation: rec.Generation, DeletionPolicy: rec.DeletionPolicy, Management: rec.Management}, a.Why.Cause)
-		out.row, out.wrote = rec, true
-	case decide.RecordPolicy:
-		err = c.write.recordPolicy(ctx, rec.UID, c.cfg.Owner, rec.DeletionPolicy)
-	case decide.Delete:
-		out.outcome, err = c.write.delete(ctx, rec.UID, c.cfg.Owner, a.Why.Cause)
-	case decide.Relinquish:
-		out.outcome, err = c.write.relinquish(ctx, rec.UID, c.cfg.Owner, a.Why.Cause)
-	case decide.Release:
-		var released bool
-		released, err = c.write.release(ctx, rec, a.Why.Cause)
-		if released {
-			out.outcome = registry.Released
-		}
-	default:
-		return out, fmt.Errorf("no write for the action %s", a.Op)
+	}
+	op, wrote := rowOp(c.cfg.Owner, a)
+	res, err := c.write.apply(ctx, op)
+	out.row, out.wrote, out.outcome = res.Record, wrote, res.Outcome
+	if a.Op == decide.Rebind {
+		out.row = rec // bound as decide said: the row as it stands, with the binding
 	}
 	switch {
 	case err == nil, errors.Is(err, ErrNotLeading), errors.Is(err, registry.ErrFenced), errors.Is(err, registry.ErrExists),
@@ -137,6 +110,32 @@ func (c *Controller) do(ctx context.Context, s *studentv1.Student, a decide.Acti
 		return out, err
 	}
 	return out, registryError{err}
+}
+
+// registryOps are the registry writes of the decision's row actions.
+var registryOps = map[decide.Op]registry.OpKind{
+	decide.Insert: registry.OpInsert, decide.Upsert: registry.OpUpsert, decide.Rewind: registry.OpRewind,
+	decide.TakeBack: registry.OpTakeBack, decide.MarkObserved: registry.OpMarkObserved, decide.RecordPolicy: registry.OpRecordPolicy,
+	decide.Delete: registry.OpDelete, decide.Relinquish: registry.OpRelinquish, decide.Release: registry.OpRelease,
+	decide.Rebind: registry.OpAdopt,
+}
+
+// rowOp is the registry write of a row action, written by owner, and whether it
+// returns the row written.
+func rowOp(owner string, a decide.Action) (registry.Op, bool) {
+	op := registry.Op{Kind: registryOps[a.Op], Record: a.Record, Why: a.Why, Ahead: a.Ahead}
+	switch a.Op {
+	case decide.Rebind:
+		// The Student's uid goes into the row's binding; the row keeps its key.
+		op.Row, op.Record.UID = a.Record.UID, a.Record.StudentUID
+		return op, true
+	case decide.MarkObserved, decide.RecordPolicy, decide.Delete, decide.Relinquish:
+		op.Record.Owner = owner
+		return op, false
+	case decide.Release:
+		return op, false
+	}
+	return op, true
 }
 
 // observeWrite counts and logs a row write that was made.
@@ -267,7 +266,9 @@ func (c *Controller) statusFailed(ctx context.Context, s *studentv1.Student, d d
 // previous leader finalized, its row deleted; the sync then wrote the row again. It is
 // released, since absence destroys nothing. A row already released stays.
 func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
-	outcome, err := c.write.relinquish(ctx, RowUID(s), c.cfg.Owner, registry.CauseStaleCache)
+	res, err := c.write.apply(ctx, registry.Op{Kind: registry.OpRelinquish, Record: registry.Record{UID: RowUID(s), Owner: c.cfg.Owner},
+		Why: registry.Why{Cause: registry.CauseStaleCache}})
+	outcome := res.Outcome
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}

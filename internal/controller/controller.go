@@ -38,21 +38,11 @@ const (
 	Name = "student-controller"
 )
 
-// Registry is what the controller needs of the student registry.
+// Registry is what the controller needs of the student registry: its reads, and one
+// method for every write.
 type Registry interface {
 	rowReader
-	Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error)
-	Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error)
-	Rewind(ctx context.Context, rec registry.Record, ahead int64) (registry.Record, error)
-	Delete(ctx context.Context, uid, owner, cause string) (registry.Outcome, error)
-	Release(ctx context.Context, rec registry.Record, cause string) (bool, error)
-	Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error)
-	TakeBack(ctx context.Context, rec registry.Record, cause string) (registry.Record, error)
-	RecordPolicy(ctx context.Context, uid, owner, policy string) error
-	MarkObserved(ctx context.Context, uid, owner string) error
-	Adopt(ctx context.Context, from string, rec registry.Record, cause string) error
-	Bind(ctx context.Context, owner, cluster string) (registry.Binding, error)
-	PruneHistory(ctx context.Context, before time.Time) (int64, error)
+	Apply(ctx context.Context, op registry.Op) (registry.Result, error)
 }
 
 // rowReader is what the controller reads of the registry; its writes go through
@@ -64,9 +54,6 @@ type rowReader interface {
 	ListReleased(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 	// LastHistory returns the newest history row of a Student, false when none.
 	LastHistory(ctx context.Context, namespace, name, uid string) (registry.HistoryEntry, bool, error)
-	// CheckSchema returns registry.ErrSchemaNewer once a newer program migrated the
-	// registry: this one must not write to it any more.
-	CheckSchema(ctx context.Context) error
 }
 
 // defaultMaxRewinds is Config.MaxRewinds when unset.
@@ -427,7 +414,8 @@ const historyPruneInterval = time.Hour
 // replica may write (the next prune does it otherwise).
 func (c *Controller) pruneHistory(ctx context.Context) {
 	cutoff := c.clock.Now().Add(-c.cfg.HistoryRetention)
-	n, err := c.write.pruneHistory(ctx, cutoff)
+	res, err := c.write.apply(ctx, registry.Op{Kind: registry.OpPruneHistory, Before: cutoff})
+	n := res.Pruned
 	if errors.Is(err, ErrNotLeading) {
 		return
 	}

@@ -462,88 +462,11 @@ func (t timedRegistry) Get(ctx context.Context, uid string) (registry.Record, er
 	return rec, err
 }
 
-func (t timedRegistry) Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
-	ctx, op := t.start(ctx, "insert")
-	out, err := t.Registry.Insert(ctx, rec, cause)
+func (t timedRegistry) Apply(ctx context.Context, o registry.Op) (registry.Result, error) {
+	ctx, op := t.start(ctx, o.Kind.String())
+	out, err := t.Registry.Apply(ctx, o)
 	op.end(err)
 	return out, err
-}
-
-func (t timedRegistry) Rewind(ctx context.Context, rec registry.Record, ahead int64) (registry.Record, error) {
-	ctx, op := t.start(ctx, "rewind")
-	out, err := t.Registry.Rewind(ctx, rec, ahead)
-	op.end(err)
-	return out, err
-}
-
-func (t timedRegistry) Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
-	ctx, op := t.start(ctx, "upsert")
-	out, err := t.Registry.Upsert(ctx, rec, why)
-	op.end(err)
-	return out, err
-}
-
-func (t timedRegistry) Delete(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
-	ctx, op := t.start(ctx, "delete")
-	outcome, err := t.Registry.Delete(ctx, uid, owner, cause)
-	op.end(err)
-	return outcome, err
-}
-
-func (t timedRegistry) TakeBack(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
-	ctx, op := t.start(ctx, "take_back")
-	out, err := t.Registry.TakeBack(ctx, rec, cause)
-	op.end(err)
-	return out, err
-}
-
-func (t timedRegistry) Release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
-	ctx, op := t.start(ctx, "release")
-	ok, err := t.Registry.Release(ctx, rec, cause)
-	op.end(err)
-	return ok, err
-}
-
-func (t timedRegistry) Relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
-	ctx, op := t.start(ctx, "relinquish")
-	outcome, err := t.Registry.Relinquish(ctx, uid, owner, cause)
-	op.end(err)
-	return outcome, err
-}
-
-func (t timedRegistry) RecordPolicy(ctx context.Context, uid, owner, policy string) error {
-	ctx, op := t.start(ctx, "record_policy")
-	err := t.Registry.RecordPolicy(ctx, uid, owner, policy)
-	op.end(err)
-	return err
-}
-
-func (t timedRegistry) MarkObserved(ctx context.Context, uid, owner string) error {
-	ctx, op := t.start(ctx, "mark_observed")
-	err := t.Registry.MarkObserved(ctx, uid, owner)
-	op.end(err)
-	return err
-}
-
-func (t timedRegistry) Adopt(ctx context.Context, from string, rec registry.Record, cause string) error {
-	ctx, op := t.start(ctx, "adopt")
-	err := t.Registry.Adopt(ctx, from, rec, cause)
-	op.end(err)
-	return err
-}
-
-func (t timedRegistry) PruneHistory(ctx context.Context, before time.Time) (int64, error) {
-	ctx, op := t.start(ctx, "prune_history")
-	n, err := t.Registry.PruneHistory(ctx, before)
-	op.end(err)
-	return n, err
-}
-
-func (t timedRegistry) Bind(ctx context.Context, owner, cluster string) (registry.Binding, error) {
-	ctx, op := t.start(ctx, "bind")
-	b, err := t.Registry.Bind(ctx, owner, cluster)
-	op.end(err)
-	return b, err
 }
 
 func (t timedRegistry) List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error) {

@@ -140,13 +140,8 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 // version may have migrated the schema since this one started (a rolling update, a
 // second install), or the owner been moved to another cluster while this one ran.
 func (c *Controller) sweepMayWrite(ctx context.Context) error {
-	if err := c.rows.CheckSchema(ctx); err != nil {
-		return err
-	}
-	if c.cfg.Cluster != "" {
-		return c.write.bind(ctx, c.cfg.Owner, c.cfg.Cluster)
-	}
-	return nil
+	_, err := c.write.apply(ctx, registry.Op{Kind: registry.OpBind, Record: registry.Record{Owner: c.cfg.Owner}, Cluster: c.cfg.Cluster})
+	return err
 }
 
 // sweepRefuses says whether the sweep lets go of none of orphans, out of the rows it
@@ -273,5 +268,7 @@ func (c *Controller) reportMalformed(logger klog.Logger, rows []registry.Malform
 func (c *Controller) relinquishWithin(ctx context.Context, uid string) (registry.Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
 	defer cancel()
-	return c.write.relinquish(ctx, uid, c.cfg.Owner, registry.CauseSweep)
+	res, err := c.write.apply(ctx, registry.Op{Kind: registry.OpRelinquish, Record: registry.Record{UID: uid, Owner: c.cfg.Owner},
+		Why: registry.Why{Cause: registry.CauseSweep}})
+	return res.Outcome, err
 }

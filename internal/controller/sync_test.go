@@ -746,8 +746,11 @@ func (r failingRegistry) Get(context.Context, string) (registry.Record, error) {
 	return registry.Record{}, r.err
 }
 
-func (r failingRegistry) Insert(context.Context, registry.Record, string) (registry.Record, error) {
-	return registry.Record{}, r.err
+func (r failingRegistry) Apply(ctx context.Context, op registry.Op) (registry.Result, error) {
+	if op.Kind == registry.OpInsert {
+		return registry.Result{}, r.err
+	}
+	return r.Registry.Apply(ctx, op)
 }
 
 // TestRegistryErrorsStayInTheLog: what the database driver said (hosts, users, file

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,62 +54,9 @@ func guard[T any](w *writes, write func() (T, error)) (T, error) {
 	return write()
 }
 
-// The row writes each say why, for the history row the registry writes with them.
-
-func (w *writes) insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
-	return guard(w, func() (registry.Record, error) { return w.registry.Insert(ctx, rec, cause) })
-}
-
-func (w *writes) upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
-	return guard(w, func() (registry.Record, error) { return w.registry.Upsert(ctx, rec, why) })
-}
-
-func (w *writes) rewind(ctx context.Context, rec registry.Record, ahead int64) (registry.Record, error) {
-	return guard(w, func() (registry.Record, error) { return w.registry.Rewind(ctx, rec, ahead) })
-}
-
-func (w *writes) delete(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
-	return guard(w, func() (registry.Outcome, error) { return w.registry.Delete(ctx, uid, owner, cause) })
-}
-
-func (w *writes) release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
-	return guard(w, func() (bool, error) { return w.registry.Release(ctx, rec, cause) })
-}
-
-func (w *writes) relinquish(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
-	return guard(w, func() (registry.Outcome, error) { return w.registry.Relinquish(ctx, uid, owner, cause) })
-}
-
-func (w *writes) takeBack(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
-	return guard(w, func() (registry.Record, error) { return w.registry.TakeBack(ctx, rec, cause) })
-}
-
-func (w *writes) recordPolicy(ctx context.Context, uid, owner, policy string) error {
-	_, err := guard(w, func() (struct{}, error) { return struct{}{}, w.registry.RecordPolicy(ctx, uid, owner, policy) })
-	return err
-}
-
-// markObserved marks owner's row for uid as observed: no path that finds it without its
-// Student lets it go.
-func (w *writes) markObserved(ctx context.Context, uid, owner string) error {
-	_, err := guard(w, func() (struct{}, error) { return struct{}{}, w.registry.MarkObserved(ctx, uid, owner) })
-	return err
-}
-
-// adopt binds the row of uid from to the Student rec names.
-func (w *writes) adopt(ctx context.Context, from string, rec registry.Record, cause string) error {
-	_, err := guard(w, func() (struct{}, error) { return struct{}{}, w.registry.Adopt(ctx, from, rec, cause) })
-	return err
-}
-
-func (w *writes) pruneHistory(ctx context.Context, before time.Time) (int64, error) {
-	return guard(w, func() (int64, error) { return w.registry.PruneHistory(ctx, before) })
-}
-
-// bind checks that the registry binds owner to cluster, binding it on first use.
-func (w *writes) bind(ctx context.Context, owner, cluster string) error {
-	_, err := guard(w, func() (registry.Binding, error) { return w.registry.Bind(ctx, owner, cluster) })
-	return err
+// apply makes one registry write.
+func (w *writes) apply(ctx context.Context, op registry.Op) (registry.Result, error) {
+	return guard(w, func() (registry.Result, error) { return w.registry.Apply(ctx, op) })
 }
 
 // setFinalizers writes s's finalizers, and nothing else of it, with a merge patch that

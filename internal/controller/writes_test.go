@@ -13,7 +13,7 @@ import (
 // writingMethods are the methods that change something: the registry's row writes,
 // the clientset's writes and the recorder's Events.
 var writingMethods = map[string]bool{
-	"Insert": true, "Upsert": true, "Rewind": true, "Delete": true, "Release": true, "Relinquish": true, "RecordPolicy": true, "MarkObserved": true, "Bind": true, "TakeBack": true, "Prune": true,
+	"Insert": true, "Upsert": true, "Rewind": true, "Delete": true, "Release": true, "Relinquish": true, "RecordPolicy": true, "MarkObserved": true, "Bind": true, "TakeBack": true, "Prune": true, "Adopt": true,
 	"TakeFence": true, "RenameOwner": true, "MoveCluster": true, "PruneHistory": true,
 	"Create": true, "Update": true, "UpdateStatus": true, "Patch": true, "Apply": true, "ApplyStatus": true,
 	"DeleteCollection": true, "Event": true, "Eventf": true, "AnnotatedEventf": true,

@@ -713,6 +713,14 @@ func runSuite(t *testing.T, b registrytest.Backend) {
 		if !errors.Is(err, registry.ErrOtherCluster) || got.Cluster != "cluster-a" {
 			t.Errorf("bind to another cluster: %+v, %v; want ErrOtherCluster naming cluster-a", got, err)
 		}
+		// The controller's check before a sweep: the schema, then the binding.
+		bind := registry.Op{Kind: registry.OpBind, Record: registry.Record{Owner: "ctl"}, Cluster: "cluster-b"}
+		if res, err := r2.Apply(ctx, bind); !errors.Is(err, registry.ErrOtherCluster) || res.Binding.Cluster != "cluster-a" {
+			t.Errorf("Apply bind to another cluster: %+v, %v; want ErrOtherCluster naming cluster-a", res, err)
+		}
+		if _, err := r2.Apply(ctx, registry.Op{Kind: registry.OpBind, Record: registry.Record{Owner: "ctl"}}); err != nil {
+			t.Errorf("Apply bind without a cluster (the schema alone): %v", err)
+		}
 		if _, err := r2.MoveCluster(ctx, "ctl", "cluster-x", "cluster-b"); err == nil {
 			t.Error("a move from a cluster the owner is not bound to succeeded")
 		}

@@ -158,28 +158,16 @@ func (r *countingRegistry) Get(ctx context.Context, uid string) (registry.Record
 	return r.Registry.Get(ctx, uid)
 }
 
-// Insert counts as a write unless it found the row there, and wrote nothing.
-func (r *countingRegistry) Insert(ctx context.Context, rec registry.Record, cause string) (registry.Record, error) {
-	row, err := r.Registry.Insert(ctx, rec, cause)
-	if !errors.Is(err, registry.ErrExists) {
-		r.writes.Add(1)
+// Apply counts the row writes: an insert that found the row there wrote nothing.
+func (r *countingRegistry) Apply(ctx context.Context, op registry.Op) (registry.Result, error) {
+	out, err := r.Registry.Apply(ctx, op)
+	switch op.Kind {
+	case registry.OpInsert, registry.OpUpsert, registry.OpDelete, registry.OpRelease:
+		if !errors.Is(err, registry.ErrExists) {
+			r.writes.Add(1)
+		}
 	}
-	return row, err
-}
-
-func (r *countingRegistry) Upsert(ctx context.Context, rec registry.Record, why registry.Why) (registry.Record, error) {
-	r.writes.Add(1)
-	return r.Registry.Upsert(ctx, rec, why)
-}
-
-func (r *countingRegistry) Delete(ctx context.Context, uid, owner, cause string) (registry.Outcome, error) {
-	r.writes.Add(1)
-	return r.Registry.Delete(ctx, uid, owner, cause)
-}
-
-func (r *countingRegistry) Release(ctx context.Context, rec registry.Record, cause string) (bool, error) {
-	r.writes.Add(1)
-	return r.Registry.Release(ctx, rec, cause)
+	return out, err
 }
 
 // running is a controller running in this process, wired by controller.NewWiring as
