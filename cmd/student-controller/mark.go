@@ -327,7 +327,9 @@ func findMark(ctx context.Context, client kubernetes.Interface, opts options, re
 	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err) && !required, err == nil && cm.Data[markOwner] != opts.owner && !required:
-		return nil, nil
+		// Not where the flags say (a namespace or a Lease name given wrong): looked
+		// for by its label before adopt goes on without it.
+		return searchMark(ctx, client, opts.owner)
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("no ConfigMap %s/%s keeps the registry's mark: a controller of this version keeps it once it runs "+
 			"(check --registry-mark-namespace and --leader-elect-id)", namespace, name)

@@ -1,11 +1,13 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"os"
 	"slices"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -44,7 +46,7 @@ func TestMissingFields(t *testing.T) {
 func TestCRDWatch(t *testing.T) {
 	// As the API server serves it: the CRD defaults spec.management.
 	f := newFixture(t, newStudent("a", func(s *studentv1.Student) { s.Spec.Management = studentv1.ManagementManage }),
-		newStudent("pruned"))
+		newStudent("pruned"), newStudent("gone", withFinalizer))
 	w := &crdWatch{}
 	f.ctrl.crd = w
 	synced := 0
@@ -63,6 +65,24 @@ func TestCRDWatch(t *testing.T) {
 	if rows := f.rows(); len(rows) != 0 {
 		t.Errorf("rows under an older CRD: %v, want none", rows)
 	}
+	// The older CRD then deleted: a Delete Student's finalizer still asks, and
+	// releases its row.
+	f.ctrl.cfg.CRDDeleting = func(context.Context) (bool, error) { return true, nil }
+	f.put(recordOf(owner, f.get("school", "gone")))
+	gone := f.get("school", "gone")
+	deleting(gone)
+	if _, err := f.client.BolingcavalryV1().Students("school").Update(f.ctx, gone, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.observe("school", "gone")
+	if err := f.ctrl.sync(f.ctx, "school/gone"); err != nil {
+		t.Fatal(err)
+	}
+	if row, ok := f.rows()["uid-gone"]; !ok || row.Owner != "" {
+		t.Errorf("the row of a Delete Student deleted with the older CRD being deleted: %+v (there: %v); want it kept, released", row, ok)
+	}
+	f.ctrl.cfg.CRDDeleting = nil
+
 	w.seen(readCRD(t, "../../config/crd/bases/bolingcavalry.k8s.io_students.yaml"))
 	if err := f.ctrl.CRDOlder(); err != nil || synced != 1 {
 		t.Fatalf("this version's CRD applied again: CRDOlder %v, %d syncs of all; want nil, 1", err, synced)

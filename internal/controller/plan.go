@@ -99,11 +99,13 @@ type PlanInput struct {
 	NoSweep bool
 	// Released are the rows Owner released that nobody has taken since, in scope.
 	Released []registry.Record
-	// Deleted are the last history rows of the missing rows of Students in scope,
-	// where that row is a delete, by row uid.
-	Deleted map[string]registry.HistoryEntry
-	// CRD is the state of the served Student CRD, current when unset.
-	CRD decide.CRD
+	// History are the last history rows, by row uid, of the rows of Students in scope
+	// whose decision asks for it: missing after they were written, or their binding lost.
+	History map[string]registry.HistoryEntry
+	// CRD is the state of the served Student CRD, current when unset; CRDOlder says
+	// it lacks fields the controller writes.
+	CRD      decide.CRD
+	CRDOlder bool
 	// MaxUndo is the bound of rows undone (Config.MaxRewinds), 100 when unset.
 	MaxUndo int
 }
@@ -121,7 +123,7 @@ func ComputePlan(in PlanInput) Plan {
 		f := studentFacts(in.Owner, s)
 		seen[f.Student.RowKey] = true
 		f.Row = cmp.Or(rows[f.Student.RowKey], decide.Row{Read: decide.Absent})
-		f.UndoLeft, f.MaxUndo = undone < maxUndo, maxUndo
+		f.UndoLeft, f.MaxUndo, f.CRDOlder = undone < maxUndo, maxUndo, in.CRDOlder
 		d, err := decide.Settle(&f, in.answer)
 		if err != nil {
 			plan.Actions = append(plan.Actions, PlannedAction{Action: PlanRefuse, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Cause: err.Error()})
@@ -163,16 +165,14 @@ func (in PlanInput) rowFacts() map[string]decide.Row {
 }
 
 // answer is the plan's answer to what a decision asks for: the API server holds what
-// the plan compares, the history is in.Deleted and the CRD in.CRD.
+// the plan compares, the history is in.History and the CRD in.CRD.
 func (in PlanInput) answer(a decide.Ask, f *decide.Facts) error {
 	switch a {
 	case decide.AskQuorum:
 		f.Quorum = decide.QuorumCurrent
 	case decide.AskHistory:
-		f.History = decide.HistoryOther
-		if e, ok := in.Deleted[f.Student.RowKey]; ok {
-			f.History, f.Deleted = decide.HistoryDeleted, e
-		}
+		e, ok := in.History[f.Student.RowKey]
+		f.History, f.Deleted = decide.HistoryOf(f.Owner, e, ok), e
 	case decide.AskCRD:
 		f.CRD = cmp.Or(in.CRD, decide.CRDCurrent)
 	default:
@@ -286,10 +286,12 @@ type PlanScope struct {
 	SweepMaxDeletions, SweepMaxDeletionPercent int
 	// NoSweep says the controller does not sweep (--sweep-interval=0).
 	NoSweep bool
-	// CRD is the state of the served Student CRD, current when unset; MaxUndo the
-	// bound of rows undone (--registry-max-rewinds), 100 when unset.
-	CRD     decide.CRD
-	MaxUndo int
+	// CRD is the state of the served Student CRD, current when unset (CRDOlder: it
+	// lacks fields); MaxUndo the bound of rows undone (--registry-max-rewinds), 100
+	// when unset.
+	CRD      decide.CRD
+	CRDOlder bool
+	MaxUndo  int
 	// Exists asks the API server whether a row's Student is there. With a label
 	// selector it is asked of each owned row whose Student is not among those given:
 	// a Student there outside the selector keeps its row, out of scope.
@@ -300,9 +302,9 @@ type PlanScope struct {
 // scope.Owner holds in scope, and the stored row of each Student it does not hold.
 // students are the Students in scope, as the API server has them now.
 func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*studentv1.Student) (Plan, error) {
-	in := PlanInput{Owner: scope.Owner, Students: students, Others: map[string]registry.Record{}, Deleted: map[string]registry.HistoryEntry{},
+	in := PlanInput{Owner: scope.Owner, Students: students, Others: map[string]registry.Record{}, History: map[string]registry.HistoryEntry{},
 		SweepMaxDeletions: scope.SweepMaxDeletions, SweepMaxDeletionPercent: scope.SweepMaxDeletionPercent, NoSweep: scope.NoSweep,
-		CRD: scope.CRD, MaxUndo: scope.MaxUndo}
+		CRD: scope.CRD, CRDOlder: scope.CRDOlder, MaxUndo: scope.MaxUndo}
 	owned, malformed, err := rows.List(ctx, scope.Owner)
 	if err != nil {
 		return Plan{}, err
@@ -347,14 +349,18 @@ func (in *PlanInput) readOthers(ctx context.Context, rows rowReader, students []
 		}
 		row, err := rows.Get(ctx, key)
 		switch {
-		case errors.Is(err, registry.ErrNotFound) && wasWritten(s):
-			// Missing after it was written: restored, unless its finalizer deleted it.
+		case errors.Is(err, registry.ErrNotFound) && wasWritten(s), err == nil && decide.BindingLost(row, true, studentFacts(in.Owner, s).Student):
+			// Missing after it was written (restored, unless its finalizer deleted it),
+			// or its binding lost (bound again if the history says it was the owner's).
 			last, ok, err := rows.LastHistory(ctx, s.Namespace, s.Name, key)
 			if err != nil {
 				return err
 			}
-			if ok && last.Action == registry.ActionDeleted {
-				in.Deleted[key] = last
+			if ok {
+				in.History[key] = last
+			}
+			if row.UID != "" {
+				in.Others[row.UID] = row
 			}
 		case errors.Is(err, registry.ErrNotFound):
 			// Missing: created.

@@ -117,7 +117,8 @@ func TestAdoptedRowKeepsItsKey(t *testing.T) {
 // TestLostBindingIsFoundAgain: a Student whose row lost its binding, while the row
 // still records the Student's namespace and name, binds it again and keeps the one
 // row: the other system wrote the row again whole (delete and insert), or the
-// Student was deleted with Orphan and made again with a new uid.
+// Student was deleted with Orphan and made again with a new uid. The history must say
+// the row was this owner's: a row named by an annotation set by hand is refused.
 func TestLostBindingIsFoundAgain(t *testing.T) {
 	f := newFixture(t, newStudent("a", withFinalizer, observing, namingRow("ext-1")),
 		newStudent("b", withFinalizer, orphan, namingRow("ext-2")))
@@ -158,6 +159,26 @@ func TestLostBindingIsFoundAgain(t *testing.T) {
 	if got := f.events(); !slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, decide.EventRowRebound) }) {
 		t.Errorf("events: %v, want %s", got, decide.EventRowRebound)
 	}
+
+	// An annotation set by hand on a Student of another system's row's name, which
+	// this owner never held: refused, the row untouched, left to registry adopt.
+	exec(`INSERT INTO students (uid, namespace, name, student_name, school) VALUES ('ext-c', 'school', 'c', '张三', 'their school')`)
+	handSet := newStudent("c", withFinalizer, namingRow("ext-c"))
+	handSet.Spec.Management = studentv1.ManagementManage
+	if _, err := f.client.BolingcavalryV1().Students("school").Create(f.ctx, handSet, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.observe("school", "c")
+	if err := f.ctrl.sync(f.ctx, "school/c"); err == nil {
+		t.Error("sync of a Student whose annotation names a row this owner never held: no error")
+	}
+	if c := f.conditionOf("c", studentv1.ConditionReady); c == nil || c.Reason != studentv1.ReasonRowNotBound || !strings.Contains(c.Message, "registry adopt") {
+		t.Errorf("Ready of c: %+v, want RowNotBound naming registry adopt", c)
+	}
+	if row := f.rows()["ext-c"]; row.Owner != "" || row.StudentUID != "" || row.School != "their school" {
+		t.Errorf("the other system's row after c's sync: %+v; want it untouched", row)
+	}
+	exec(`DELETE FROM students WHERE uid = 'ext-c'`)
 
 	// b, deleted with Orphan, lets its row go; made again, with a new uid, it binds it.
 	s := f.get("school", "b")

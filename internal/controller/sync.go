@@ -64,11 +64,10 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 func (c *Controller) facts(s *studentv1.Student) decide.Facts {
 	f := studentFacts(c.cfg.Owner, s)
 	f.UndoLeft, f.MaxUndo = c.rewound.Load() < int64(c.cfg.MaxRewinds), c.cfg.MaxRewinds
-	if c.crd.Older() != nil || c.crd != nil && s.Spec.Management == "" {
-		// The CRD defaults spec.management: a Student without it was read through an
-		// older CRD (the cache may still hold it so after the CRD is current again).
-		f.CRD = decide.CRDOlder
-	}
+	// The CRD defaults spec.management: a Student without it was read through an
+	// older CRD (the cache may still hold it so after the CRD is current again). A
+	// finalizer still asks whether the CRD is being deleted.
+	f.CRDOlder = c.crd.Older() != nil || c.crd != nil && s.Spec.Management == ""
 	return f
 }
 
@@ -151,10 +150,7 @@ func (c *Controller) answer(ctx context.Context, s *studentv1.Student, a decide.
 		if err != nil {
 			return registryError{err}
 		}
-		f.History = decide.HistoryOther
-		if ok && last.Action == registry.ActionDeleted {
-			f.History, f.Deleted = decide.HistoryDeleted, last
-		}
+		f.History, f.Deleted = decide.HistoryOf(f.Owner, last, ok), last
 	case decide.AskCRD:
 		deleting, err := c.crdDeleting(ctx)
 		if err != nil {

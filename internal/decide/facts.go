@@ -22,7 +22,11 @@ type Facts struct {
 	// when the last one deleted it.
 	History History
 	Deleted registry.HistoryEntry
-	CRD     CRD
+	// CRD is whether the CRD is being deleted, asked by a finalizer that would delete
+	// a row. CRDOlder: the served CRD lacks fields this controller writes (the watch
+	// says so, or the Student came through such a CRD).
+	CRD      CRD
+	CRDOlder bool
 	// UndoLeft says the bound of rows undone (--registry-max-rewinds, MaxUndo) has
 	// room for one more.
 	UndoLeft bool
@@ -98,8 +102,23 @@ const (
 	HistoryUnasked History = iota
 	// HistoryDeleted: its last history row is a delete (a finalizer of this Student ran).
 	HistoryDeleted
+	// HistoryOwned: its last history row is this owner's write, and not a delete: the
+	// row was this owner's.
+	HistoryOwned
 	HistoryOther
 )
+
+// HistoryOf is what the last history row of a Student's row says (ok: there is one),
+// for owner.
+func HistoryOf(owner string, last registry.HistoryEntry, ok bool) History {
+	switch {
+	case ok && last.Action == registry.ActionDeleted:
+		return HistoryDeleted
+	case ok && last.Owner == owner:
+		return HistoryOwned
+	}
+	return HistoryOther
+}
 
 // CRD is the state of the Student CRD that the API server serves.
 type CRD int
@@ -107,8 +126,6 @@ type CRD int
 const (
 	CRDUnasked CRD = iota
 	CRDCurrent
-	// CRDOlder: it lacks fields this controller relies on.
-	CRDOlder
 	// CRDDeleting: it is being deleted, and its Students with it: not by their users.
 	CRDDeleting
 )

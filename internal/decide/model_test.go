@@ -20,7 +20,8 @@ import (
 //   - a row is destroyed only by the finalizer of a Delete Student whose row records
 //     Delete, with its CRD not being deleted (absence never destroys);
 //   - no row of another owner or of another system is written, but one bound again
-//     (Rebind: no owner, the Student's own namespace and name);
+//     (Rebind: no owner, the Student's own namespace and name, and this owner's
+//     history says the row was its own);
 //   - no state is stuck: within three syncs every Student is Ready, gone, or not Ready
 //     with a reason that docs/troubleshooting.md gives a remedy for;
 //   - what a plan says (the decision over facts read, nothing written) is what the
@@ -83,16 +84,17 @@ type state struct {
 	elsewhere   bool
 	content     content
 	rowPolicy   string
-	lastDeleted bool
+	history     History // what its last history row says: HistoryOther, HistoryDeleted, HistoryOwned
 	quorum      Quorum
-	crd         CRD
+	crdDeleting bool
+	crdOlder    bool
 	undoLeft    bool
 }
 
 func (s state) String() string {
 	return fmt.Sprintf("live=%v finalizer=%v observed=%v paused=%v valid=%v written=%v policy=%s binding=%d row=%s content=%d rowPolicy=%q "+
-		"lastDeleted=%v quorum=%d crd=%d undoLeft=%v elsewhere=%v", s.live, s.finalizer, s.observed, s.paused, s.valid, s.written, s.policy, s.binding,
-		rowKindNames[s.row], s.content, s.rowPolicy, s.lastDeleted, s.quorum, s.crd, s.undoLeft, s.elsewhere)
+		"history=%d quorum=%d crdDeleting=%v crdOlder=%v undoLeft=%v elsewhere=%v", s.live, s.finalizer, s.observed, s.paused, s.valid, s.written, s.policy, s.binding,
+		rowKindNames[s.row], s.content, s.rowPolicy, s.history, s.quorum, s.crdDeleting, s.crdOlder, s.undoLeft, s.elsewhere)
 }
 
 // states enumerates the whole space. A row's content and policy mean nothing when it
@@ -110,9 +112,12 @@ func states(yield func(state) bool) {
 								for b := range bindings {
 									for r := range rowKinds {
 										cs, ps := []content{same, older, drifted, ahead}, []string{"", registry.PolicyDelete, registry.PolicyOrphan}
-										es := bools
+										es, hs := bools, []History{HistoryOther, HistoryDeleted, HistoryOwned}
 										if r == rowAbsent || r == rowMalformed {
 											cs, ps = cs[:1], ps[:1]
+										}
+										if r != rowAbsent && b == ownKey {
+											hs = hs[:1] // asked only of a missing row, or a binding lost
 										}
 										if r == rowAbsent || r == rowMalformed || b == ownKey {
 											es = es[:1]
@@ -120,11 +125,11 @@ func states(yield func(state) bool) {
 										for _, c := range cs {
 											for _, p := range ps {
 												for _, e := range es {
-													for _, del := range bools {
+													for _, h := range hs {
 														for _, q := range []Quorum{QuorumCurrent, QuorumGone, QuorumChanged} {
-															for _, crd := range []CRD{CRDCurrent, CRDDeleting, CRDOlder} {
+															for _, crd := range [][2]bool{{false, false}, {true, false}, {false, true}, {true, true}} {
 																for _, undo := range bools {
-																	if !yield(state{live, fin, obs, paused, valid, written, policy, b, r, e, c, p, del, q, crd, undo}) {
+																	if !yield(state{live, fin, obs, paused, valid, written, policy, b, r, e, c, p, h, q, crd[0], crd[1], undo}) {
 																		return
 																	}
 																}
@@ -147,14 +152,14 @@ func states(yield func(state) bool) {
 
 // world is the cluster and the registry of one Student, in memory.
 type world struct {
-	s         Student
-	gone      bool // the Student is gone from the cluster
-	row       *registry.Record
-	malformed bool
-	deleted   bool // its history's last entry is a delete
-	quorum    Quorum
-	crd       CRD
-	undos     int
+	s                     Student
+	gone                  bool // the Student is gone from the cluster
+	row                   *registry.Record
+	malformed             bool
+	history               History // what its history's last entry says
+	quorum                Quorum
+	crdDeleting, crdOlder bool
+	undos                 int
 	// status is what the Student's status says: the last decision's.
 	status   *Status
 	result   Result
@@ -172,7 +177,7 @@ func newWorld(st state) *world {
 	if !st.valid {
 		spec.Name = "bad\x00name"
 	}
-	w := &world{quorum: st.quorum, crd: st.crd, deleted: st.lastDeleted, undos: maxUnd}
+	w := &world{quorum: st.quorum, crdDeleting: st.crdDeleting, crdOlder: st.crdOlder, history: st.history, undos: maxUnd}
 	if st.undoLeft {
 		w.undos = 0
 	}
@@ -223,7 +228,7 @@ func newWorld(st state) *world {
 
 // facts are what a sync starts from: the Student from the cache, nothing read.
 func (w *world) facts() Facts {
-	return Facts{Owner: me, Student: w.s, UndoLeft: w.undos < maxUnd, MaxUndo: maxUnd}
+	return Facts{Owner: me, Student: w.s, UndoLeft: w.undos < maxUnd, MaxUndo: maxUnd, CRDOlder: w.crdOlder}
 }
 
 // answer finds out a fact from the world, as the controller's reads do.
@@ -242,12 +247,15 @@ func (w *world) answer(a Ask, f *Facts) error {
 	case AskQuorum:
 		f.Quorum = w.quorum
 	case AskHistory:
-		f.History = HistoryOther
-		if w.deleted {
-			f.History, f.Deleted = HistoryDeleted, registry.HistoryEntry{Action: registry.ActionDeleted, Cause: registry.CauseFinalizer, Actor: me}
+		f.History = w.history
+		if w.history == HistoryDeleted {
+			f.Deleted = registry.HistoryEntry{Action: registry.ActionDeleted, Cause: registry.CauseFinalizer, Actor: me}
 		}
 	case AskCRD:
-		f.CRD = w.crd
+		f.CRD = CRDCurrent
+		if w.crdDeleting {
+			f.CRD = CRDDeleting
+		}
 	default:
 		return fmt.Errorf("asked for %d", a)
 	}
@@ -265,9 +273,6 @@ func (w *world) sync(t *testing.T, st state) []Action {
 		return nil
 	}
 	f := w.facts()
-	if w.crd == CRDOlder {
-		f.CRD = CRDOlder
-	}
 	var applied []Action
 	for range 6 {
 		d, err := Settle(&f, w.answer)
@@ -387,10 +392,10 @@ func (w *world) apply(t *testing.T, st state, a Action, f *Facts) error {
 			return refused()
 		case a.Op == Delete && (w.malformed || row.DeletionPolicy == registry.PolicyDelete):
 			// A malformed row may record Delete: the SQL deletes it then.
-			if !w.s.Deleting || w.s.Policy() != studentv1.DeletionPolicyDelete || w.crd == CRDDeleting {
+			if !w.s.Deleting || w.s.Policy() != studentv1.DeletionPolicyDelete || w.crdDeleting {
 				t.Fatalf("%s: the row was deleted without the word of its Student's finalizer", st)
 			}
-			w.row, w.deleted = nil, true
+			w.row, w.history = nil, HistoryDeleted
 		default:
 			row.Owner, row.ReleasedBy = "", me
 		}
@@ -400,8 +405,8 @@ func (w *world) apply(t *testing.T, st state, a Action, f *Facts) error {
 		if row == nil || w.malformed || row.Owner != "" && row.Owner != me {
 			return refused()
 		}
-		if row.Owner != "" || row.Namespace != w.s.Namespace || row.Name != w.s.Name {
-			t.Fatalf("%s: bound a row %s, of %s/%s", st, OwnedBy(*row), row.Namespace, row.Name)
+		if row.Owner != "" || row.Namespace != w.s.Namespace || row.Name != w.s.Name || w.history != HistoryOwned {
+			t.Fatalf("%s: bound a row %s, of %s/%s, without this owner's history of it", st, OwnedBy(*row), row.Namespace, row.Name)
 		}
 		rec := *row
 		rec.Owner, rec.StudentUID, rec.Generation, rec.Management = me, w.s.UID, a.Record.Generation, a.Record.Management
@@ -430,9 +435,6 @@ func (w *world) apply(t *testing.T, st state, a Action, f *Facts) error {
 // read from it, with nothing written.
 func (w *world) plan(t *testing.T, st state) []Action {
 	f := w.facts()
-	if w.crd == CRDOlder {
-		f.CRD = CRDOlder
-	}
 	if err := w.answer(AskRow, &f); err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +480,7 @@ func TestModel(t *testing.T) {
 		switch {
 		case w.gone, w.s.Paused, w.s.Deleting && !st.finalizer:
 			// Gone, held still, or not this controller's to let go.
-		case w.crd == CRDOlder && st.live:
+		case w.crdOlder && st.live:
 			// Nothing is written for a live Student while the served CRD is older: a
 			// write would drop the fields it lacks. The Pod is not ready meanwhile.
 			if len(all) > 0 || w.status != nil {

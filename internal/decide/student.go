@@ -39,7 +39,7 @@ func Decide(f Facts) Decision {
 		return Decision{} // not this controller's to let go
 	case s.Deleting:
 		return finalize(f)
-	case f.CRD == CRDOlder:
+	case f.CRDOlder:
 		// A write now would drop the fields the older CRD lacks. The CRD made current
 		// again brings every Student back.
 		return Decision{Result: Terminal, Why: "the served Student CRD is older than this controller"}
@@ -58,7 +58,15 @@ func reconcile(f Facts) Decision {
 			return ask(AskRow)
 		}
 		if BindingLost(row.Record, row.Read == Found, s) {
-			return rebind(f)
+			// Bound again on the word of this owner's history of the row alone: an
+			// annotation set by hand, or a backup older than the adoption, is refused
+			// and left to registry adopt.
+			switch f.History {
+			case HistoryUnasked:
+				return ask(AskHistory)
+			case HistoryOwned:
+				return rebind(f)
+			}
 		}
 		if problem := notBound(f, !s.Observed()); problem != "" {
 			return refuse(studentv1.ReasonRowNotBound, "Nothing written: "+problem, EventRowNotBound, problem, "row not bound: "+problem)
@@ -148,7 +156,7 @@ func restore(f Facts, d Decision, upsert Action) Decision {
 	switch f.History {
 	case HistoryUnasked:
 		return ask(AskHistory)
-	case HistoryOther:
+	case HistoryOther, HistoryOwned:
 		return ready(d.with(upsert))
 	}
 	if !f.UndoLeft {
@@ -273,10 +281,11 @@ func ownedElsewhere(cause string) Decision {
 	return refuse(studentv1.ReasonRowOwnedElsewhere, msg, EventRowOwnedElsewhere, msg, cause)
 }
 
-// BindingLost says whether the row a Student names (found) lost its binding to it
-// while it stayed the Student's: it has no owner (released, or written again whole
-// by the system that keys it, or put back from a backup older than the adoption),
-// records no binding to this Student, and records its namespace and name.
+// BindingLost says whether the row a Student names (found) may have lost its binding
+// to it while it stayed the Student's: it has no owner (released, or written again
+// whole by the system that keys it), records no binding to this Student, and records
+// its namespace and name. The sync binds it again only when this owner's history
+// says the row was its own (HistoryOwned).
 func BindingLost(rec registry.Record, found bool, s Student) bool {
 	return found && rec.Owner == "" && rec.StudentUID != s.UID && rec.Namespace == s.Namespace && rec.Name == s.Name
 }
@@ -328,6 +337,10 @@ func notBound(f Facts, write bool) string {
 			"remove it to give this Student a row of its own uid", names, rec.Namespace, rec.Name)
 	case rec.Owner != "" && rec.Owner != f.Owner:
 		return fmt.Sprintf("%s is %s", names, OwnedBy(rec))
+	}
+	if rec.Owner == "" {
+		return fmt.Sprintf("%s has no owner and no binding to this Student, and this owner's history does not show it as its own "+
+			"(an older backup put back, or the annotation set by hand): if it is this Student's row, bind it with student-controller registry adopt", names)
 	}
 	return fmt.Sprintf("%s was bound to Student %s of this namespace and name, which is gone (made again, or its cluster rebuilt): "+
 		"bind the row to this one with student-controller registry adopt", names, cmp.Or(rec.StudentUID, rec.UID))

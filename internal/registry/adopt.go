@@ -12,12 +12,13 @@ import (
 // adoptSQL binds a row to its Student and owner ($2, $5): released rows, rows another
 // system inserted (no owner) and the owner's own. The row keeps its uid, the key that
 // system writes it by, and records its Student's in student_uid (NULL when they are
-// the same) and the Student's management ($8). The student's record (names, school,
+// the same) and the Student's management ($8). A row bound again ($9) must still
+// record the Student's namespace and name. The student's record (names, school,
 // created_at, updated_at) stays as it was.
 const adoptSQL = `
 	UPDATE students SET student_uid = CASE WHEN uid = $2 THEN NULL ELSE $2 END, namespace = $3, name = $4, owner = $5,
 		generation = $6, deletion_policy = $7, released_at = NULL, released_by = NULL, release_cause = NULL, management = $8
-	WHERE uid = $1 AND (owner IS NULL OR owner = $5)` + returned
+	WHERE uid = $1 AND (owner IS NULL OR owner = $5) AND (NOT $9 OR namespace = $3 AND name = $4)` + returned
 
 // ListAll returns every readable row of the registry, whatever its owner, by
 // namespace, name and UID, and apart from them the rows it cannot read.
@@ -48,7 +49,7 @@ func (r *Registry) Adopt(ctx context.Context, from string, rec Record, cause str
 	err := r.write(ctx, r.now().UTC(), func(ctx context.Context, in func(*sql.Stmt) *sql.Stmt) ([]entry, error) {
 		e := entry{uid: from, action: ActionAdopted, owner: rec.Owner, cause: cause}
 		bound, err := scanReturned(in(r.adopt).QueryRowContext(ctx, from, rec.UID, rec.Namespace, rec.Name, rec.Owner,
-			rec.Generation, policyValue(rec.DeletionPolicy), managementValue(rec.Management)), &e)
+			rec.Generation, policyValue(rec.DeletionPolicy), managementValue(rec.Management), cause == CauseRebound), &e)
 		if !bound {
 			return nil, err
 		}

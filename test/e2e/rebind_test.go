@@ -75,9 +75,10 @@ func TestAdoptRebind(t *testing.T) {
 		}
 		return bound("ext-a", string(a.UID)) && meta.IsStatusConditionTrue(s.Status.Conditions, studentv1.ConditionDrifted), nil
 	})
-	if events, err := kubeEvents(ctx, ns, "a"); err != nil || !containsReason(events, "RowRebound") {
-		t.Errorf("Events of a: %q, %v; want RowRebound", events, err)
-	}
+	eventually(t, time.Minute, "a RowRebound Event on a", func(ctx context.Context) (bool, error) {
+		events, err := kubeEvents(ctx, ns, "a")
+		return containsReason(events, "RowRebound"), err
+	})
 
 	// b deleted and made again from its manifest: a new uid that names the row.
 	b, err := students(ns).Get(ctx, "b", metav1.GetOptions{})
