@@ -290,8 +290,8 @@ func confirmCommand(namespace, name string, seen int64) string {
 // says so. For prune (required) a mark it cannot find (no namespace given, no
 // ConfigMap, another owner's) is an error too: prune deletes nothing on a registry it
 // cannot tell is current. Adopt goes on where the cluster keeps no mark of the owner
-// yet (a cluster rebuilt adopts before its controller runs), and looks for it by its
-// label when no namespace is given.
+// yet (a cluster rebuilt adopts before its controller runs): in --registry-mark-namespace
+// when given, else anywhere, looked for by its label.
 func registryBehind(ctx context.Context, client kubernetes.Interface, opts options, reg *registry.Registry, required bool) error {
 	cm, err := findMark(ctx, client, opts, required)
 	if err != nil || cm == nil {
@@ -327,8 +327,11 @@ func findMark(ctx context.Context, client kubernetes.Interface, opts options, re
 	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err) && !required, err == nil && cm.Data[markOwner] != opts.owner && !required:
-		// Not where the flags say (a namespace or a Lease name given wrong): looked
-		// for by its label before adopt goes on without it.
+		if opts.markNamespace != "" {
+			return nil, nil // none kept where the operator said
+		}
+		// Not where the Pod's or the Lease's namespace says: looked for by its label
+		// before adopt goes on without it.
 		return searchMark(ctx, client, opts.owner)
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("no ConfigMap %s/%s keeps the registry's mark: a controller of this version keeps it once it runs "+
