@@ -310,7 +310,8 @@ func rebind(f Facts) Decision {
 	}
 	then = after(d, then)
 	then.Events = append([]Event{{Reason: EventRowRebound, Message: fmt.Sprintf("The registry row %s had no owner and no binding to this "+
-		"Student (the system that keys it wrote it again whole, or an older backup was put back): it is bound to this Student again", rec.UID)}},
+		"Student, and this owner's history shows it as its own (the system that keys it wrote it again whole, or it was released and "+
+		"this Student made again): it is bound to this Student again", rec.UID)}},
 		then.Events...)
 	return then
 }

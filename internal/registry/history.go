@@ -53,9 +53,10 @@ const (
 	// CauseAdopted: student-controller registry adopt made a Student from the row, and
 	// bound the row to it.
 	CauseAdopted = "adopted"
-	// CauseRebound: the Student that names the row (its row-uid annotation) found it
-	// without an owner or a binding, with its own namespace and name (its system wrote
-	// it again whole, or an older backup was put back), and bound it again.
+	// CauseRebound: the row was bound again to the Student of its namespace and name
+	// that names it (its row-uid annotation): by the sync, when it had no owner or
+	// binding and the owner's history showed it as its own; by registry adopt, when it
+	// was bound to a Student of that name that is gone, or to none.
 	CauseRebound = "rebound"
 	// CauseTakenBack: a live Student of the row's uid took back the row that its
 	// owner had released (an etcd restore undid the Student's deletion).

@@ -43,12 +43,6 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 		t.Fatal(err)
 	}
 	reg.Close()
-	sqlExec := func(query string, args ...any) {
-		t.Helper()
-		if _, err := db.ExecContext(ctx, query, args...); err != nil {
-			t.Fatalf("%s: %v", query, err)
-		}
-	}
 	count := func(query string, args ...any) int {
 		t.Helper()
 		var n int
@@ -60,16 +54,16 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 	// 80 released rows of an earlier cluster, 60 rows of this owner bound to a cluster
 	// that is lost, 60 rows another system inserted with the five columns it needs.
 	for i := range 80 {
-		sqlExec(`INSERT INTO students (uid, namespace, name, student_name, school, generation, created_at, updated_at, released_at, deletion_policy)
+		mustExec(t, db, `INSERT INTO students (uid, namespace, name, student_name, school, generation, created_at, updated_at, released_at, deletion_policy)
 			VALUES ($1, $2, $3, $4, '深圳中学', 4, '2026-11-01 08:00:00', '2026-11-01 08:00:00', '2026-11-02 08:00:00', 'Orphan')`,
 			fmt.Sprintf("old-%03d", i), ns, fmt.Sprintf("released-%03d", i), fmt.Sprintf("学生 %d", i))
 	}
-	sqlExec(`INSERT INTO owner_clusters (owner, cluster, bound_at) VALUES ($1, 'lost-cluster', '2026-11-01 08:00:00')`, owner)
+	mustExec(t, db, `INSERT INTO owner_clusters (owner, cluster, bound_at) VALUES ($1, 'lost-cluster', '2026-11-01 08:00:00')`, owner)
 	for i := range 60 {
-		sqlExec(`INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
+		mustExec(t, db, `INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
 			VALUES ($1, $2, $3, '学生', '深圳中学', $4, 9, '2026-11-01 08:00:00', '2026-11-01 08:00:00', 'Delete')`,
 			fmt.Sprintf("lost-%03d", i), ns, fmt.Sprintf("moved-%03d", i), owner)
-		sqlExec(`INSERT INTO students (uid, namespace, name, student_name, school) VALUES ($1, $2, $3, '学生', '深圳中学')`,
+		mustExec(t, db, `INSERT INTO students (uid, namespace, name, student_name, school) VALUES ($1, $2, $3, '学生', '深圳中学')`,
 			fmt.Sprintf("outside-%03d", i), ns, fmt.Sprintf("outside-%03d", i))
 	}
 
@@ -164,7 +158,7 @@ func testAdopt(t *testing.T, b registrytest.Backend) {
 	for _, s := range list.Items {
 		if strings.HasPrefix(s.Name, "outside-") && len(drifted) < 10 {
 			drifted = append(drifted, s)
-			sqlExec(`UPDATE students SET school = 'elsewhere' WHERE uid = $1`, s.Name) // its key, as it inserted it
+			mustExec(t, db, `UPDATE students SET school = 'elsewhere' WHERE uid = $1`, s.Name) // its key, as it inserted it
 		}
 	}
 	eventually(t, time.Minute, "10 Students Drifted", func(ctx context.Context) (bool, error) {

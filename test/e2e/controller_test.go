@@ -89,6 +89,14 @@ func waitAllReadyIn(t *testing.T, client studentclient.StudentInterface, want in
 	return items
 }
 
+// mustExec runs a statement on the registry's database, as another program would.
+func mustExec(t *testing.T, db *sql.DB, query string, args ...any) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), query, args...); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+}
+
 // rowsOf reads every row of the registry file, by UID.
 func rowsOf(t *testing.T, db *sql.DB) map[string]registry.Record {
 	t.Helper()

@@ -60,15 +60,9 @@ func testPlan(t *testing.T, b registrytest.Backend) {
 		}
 		return string(s.UID)
 	}
-	sqlExec := func(query string, args ...any) {
-		t.Helper()
-		if _, err := db.ExecContext(ctx, query, args...); err != nil {
-			t.Fatalf("%s: %v", query, err)
-		}
-	}
 	update("s-000", func(s *studentv1.Student) { s.Spec.School = "another school" })
-	sqlExec(`UPDATE students SET student_name = 'edited by hand' WHERE uid = $1`, uid("s-001"))
-	sqlExec(`DELETE FROM students WHERE uid = $1`, uid("s-002"))
+	mustExec(t, db, `UPDATE students SET student_name = 'edited by hand' WHERE uid = $1`, uid("s-001"))
+	mustExec(t, db, `DELETE FROM students WHERE uid = $1`, uid("s-002"))
 	if err := client.Delete(ctx, "s-003", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -83,8 +77,8 @@ func testPlan(t *testing.T, b registrytest.Backend) {
 	}
 	row := `INSERT INTO students (uid, namespace, name, student_name, school, owner, generation, created_at, updated_at, deletion_policy)
 		VALUES ($1, $2, $3, 'S', 'School', $4, 1, '2026-11-29 08:00:00', '2026-11-29 08:00:00', 'Delete')`
-	sqlExec(row, uid("theirs"), ns, "theirs", "another-owner")
-	sqlExec(row, "ghost-uid", ns, "ghost", owner)
+	mustExec(t, db, row, uid("theirs"), ns, "theirs", "another-owner")
+	mustExec(t, db, row, "ghost-uid", ns, "ghost", owner)
 
 	planURL, password := registrytest.ForProcess(t, url)
 	args := append([]string{"plan", "--kubeconfig", controllerID.Kubeconfig, "--registry", planURL, "--registry-owner", owner, "--namespace", ns}, password...)
@@ -193,8 +187,8 @@ func testPlan(t *testing.T, b registrytest.Backend) {
 	}
 
 	// An owner bound to another cluster: the controller would refuse to start.
-	sqlExec(`DELETE FROM owner_clusters WHERE owner = $1`, owner)
-	sqlExec(`INSERT INTO owner_clusters (owner, cluster, bound_at) VALUES ($1, 'another-cluster', '2026-11-29 08:00:00')`, owner)
+	mustExec(t, db, `DELETE FROM owner_clusters WHERE owner = $1`, owner)
+	mustExec(t, db, `INSERT INTO owner_clusters (owner, cluster, bound_at) VALUES ($1, 'another-cluster', '2026-11-29 08:00:00')`, owner)
 	cmd := exec.Command(bin, args...) // #nosec G204 -- the controller built for the test
 	out2, err := cmd.CombinedOutput()
 	if code := exitCode(err); code != 1 || !strings.Contains(string(out2), "bound to cluster another-cluster") {

@@ -34,14 +34,8 @@ func TestAdoptRebind(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.Close()
-	sqlExec := func(query string, args ...any) {
-		t.Helper()
-		if _, err := db.ExecContext(ctx, query, args...); err != nil {
-			t.Fatalf("%s: %v", query, err)
-		}
-	}
 	for _, name := range []string{"a", "b"} {
-		sqlExec(`INSERT INTO students (uid, namespace, name, student_name, school) VALUES ($1, $2, $3, '学生', '深圳中学')`, "ext-"+name, ns, name)
+		mustExec(t, db, `INSERT INTO students (uid, namespace, name, student_name, school) VALUES ($1, $2, $3, '学生', '深圳中学')`, "ext-"+name, ns, name)
 	}
 	adopt := func() string {
 		t.Helper()
@@ -66,8 +60,8 @@ func TestAdoptRebind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sqlExec(`DELETE FROM students WHERE uid = 'ext-a'`)
-	sqlExec(`INSERT INTO students (uid, namespace, name, student_name, school) VALUES ('ext-a', $1, 'a', '学生', 'school C')`, ns)
+	mustExec(t, db, `DELETE FROM students WHERE uid = 'ext-a'`)
+	mustExec(t, db, `INSERT INTO students (uid, namespace, name, student_name, school) VALUES ('ext-a', $1, 'a', '学生', 'school C')`, ns)
 	eventually(t, time.Minute, "a's row bound again, a Drifted", func(ctx context.Context) (bool, error) {
 		s, err := students(ns).Get(ctx, "a", metav1.GetOptions{})
 		if err != nil {
