@@ -16,6 +16,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/decide"
+	"github.com/student-controller/student-controller/internal/mark"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -63,7 +64,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	defer func() { release(); _ = reg.Close() }()
 	// A registry put back in time holds rows of Students deleted since: adopt would
 	// bring them back. It makes none until an operator confirms the registry.
-	if err := registryBehind(ctx, kube, opts, reg, false); err != nil {
+	if err := mark.Behind(ctx, kube, markPlace(opts), opts.owner, reg, false); err != nil {
 		return 1, fmt.Errorf("refused: %w", err)
 	}
 	// Rows are bound to this owner: it must be this cluster's (bound on first use).

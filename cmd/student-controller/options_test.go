@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/student-controller/student-controller/internal/mark"
 )
 
 // validated parses args as the controller's flags, as main does, and returns the
@@ -91,5 +93,26 @@ func TestValidate(t *testing.T) {
 				t.Errorf("validate: %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestMarkPlace: the mark is kept beside the Lease and named after it, unless
+// --registry-mark-namespace names its namespace; outside a Pod without leader
+// election, nowhere.
+func TestMarkPlace(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "")
+	tests := map[string]struct {
+		opts options
+		want mark.Place
+	}{
+		"leader election":    {options{leaderElect: true, leaderElectID: "stu"}, mark.Place{Namespace: "kube-system", Name: "stu-registry-mark"}},
+		"the Lease's":        {options{leaderElect: true, leaderElectID: "stu", leaderElectNamespace: "ops"}, mark.Place{Namespace: "ops", Name: "stu-registry-mark"}},
+		"given":              {options{leaderElectID: "stu", markNamespace: "ops"}, mark.Place{Namespace: "ops", Name: "stu-registry-mark", Given: true}},
+		"no leader election": {options{leaderElectID: "stu"}, mark.Place{Name: "stu-registry-mark"}},
+	}
+	for name, tc := range tests {
+		if got := markPlace(tc.opts); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", name, got, tc.want)
+		}
 	}
 }

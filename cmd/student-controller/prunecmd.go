@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/mark"
 	"github.com/student-controller/student-controller/internal/registry"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
@@ -50,7 +51,7 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Wri
 	}
 	// A registry put back in time holds rows whose policy the cluster changed since:
 	// nothing is pruned on its word until an operator confirms it.
-	if err := registryBehind(ctx, kube, opts, reg, true); err != nil {
+	if err := mark.Behind(ctx, kube, markPlace(opts), opts.owner, reg, true); err != nil {
 		return 1, fmt.Errorf("refused: %w", err)
 	}
 	released, malformed, err := reg.ListReleased(ctx, opts.owner)

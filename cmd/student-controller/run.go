@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/util/workqueue"
@@ -24,21 +25,20 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/leader"
+	"github.com/student-controller/student-controller/internal/mark"
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
 // run builds every dependency, serves probes and metrics, and runs the controller
 // (while it leads, with --leader-elect) until ctx is done; then it drains and returns.
 func run(ctx context.Context, opts options) error {
-	logger := klog.FromContext(ctx)
-	logger.Info("Starting", "version", versionString())
-
+	klog.FromContext(ctx).Info("Starting", "version", versionString())
 	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("build client config: %w", err)
 	}
 	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
-
 	kubeClient, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
@@ -48,42 +48,15 @@ func run(ctx context.Context, opts options) error {
 	defer servers.Wait()
 	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
-
 	// Probes first: while the registry is out of reach the Pod is alive and not ready,
 	// rather than a crash loop.
 	var watchdog *leaderelection.HealthzAdaptor
 	if opts.leaderElect && !opts.dryRun {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
-	var running atomic.Pointer[controller.Controller]
-	// fenceHolder is the controller this one waits for, while it does; keeper keeps
-	// the registry's mark, and says when the registry is behind it.
-	var fenceHolder, behind, crdProblem atomic.Pointer[string]
-	var keeperRef atomic.Pointer[markKeeper]
-	ready := func() error {
-		c := running.Load()
-		if c == nil || !c.HasSynced() {
-			return errors.New("the Student cache has not synced")
-		}
-		if err := c.CRDOlder(); err != nil {
-			return err
-		}
-		if problem := crdProblem.Load(); problem != nil {
-			return errors.New(*problem)
-		}
-		if holder := fenceHolder.Load(); holder != nil {
-			return fmt.Errorf("another controller of owner %q holds the registry's write fence: %s", opts.owner, *holder)
-		}
-		if k := keeperRef.Load(); k != nil {
-			return k.Ready()
-		}
-		return nil
-	}
-	if opts.probeAddr != "0" {
-		probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(ready, watchdog), ReadHeaderTimeout: 5 * time.Second}
-		if err := listenAndServe(serveCtx, &servers, probes, "probes"); err != nil {
-			return err
-		}
+	probes := &readiness{owner: opts.owner}
+	if err := startProbes(serveCtx, &servers, opts, probes, watchdog); err != nil {
+		return err
 	}
 
 	reg, writable, cluster, closeRegistry, err := open(ctx, opts, kubeClient)
@@ -91,43 +64,150 @@ func run(ctx context.Context, opts options) error {
 		return err // nil: stopped before the registry answered
 	}
 	defer closeRegistry()
-	logger.Info("Registry open", "registry", reg.String(), "owner", opts.owner, "readOnly", opts.dryRun, "scope", opts.scope.String())
+	klog.FromContext(ctx).Info("Registry open", "registry", reg.String(), "owner", opts.owner, "readOnly", opts.dryRun, "scope", opts.scope.String())
 
-	// controller-runtime's registry already carries client-go's REST client and leader
-	// election metrics; the process's, the Go runtime's, the workqueue's and the
-	// controller's join it.
+	metrics := startMetrics()
+	keeper := newKeeper(ctx, opts, kubeClient, writable, metrics)
+	gate := &leader.Gate{}
+	wiring, stopTracing, err := startController(ctx, opts, cfg, reg, cluster, metrics, keeper, gate)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	defer wiring.Shutdown()
+	ctrl := wiring.Controller
+	if keeper != nil {
+		keeper.Recorder, keeper.Sweeper = wiring.Recorder, ctrl
+		probes.keeper.Store(keeper)
+	}
+	probes.ctrl.Store(ctrl)
+	if err := startServers(serveCtx, &servers, opts, cfg); err != nil {
+		return err
+	}
+
+	// The informers stop when run returns for any reason, a lost Lease included, not
+	// only on a signal: Shutdown (deferred above, so run after this) waits for them.
+	informersCtx, stopInformers := context.WithCancel(ctx)
+	defer stopInformers()
+	wiring.Start(informersCtx)
+	if opts.dryRun {
+		if opts.leaderElect {
+			klog.FromContext(ctx).Info("Dry run: --leader-elect is ignored; taking the Lease would be a write")
+		}
+		return ctrl.RunDryRun(ctx, cmp.Or(opts.sweepInterval, time.Minute))
+	}
+	crds, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	w := &writer{opts: opts, reg: writable, cluster: cluster, crds: crds, ctrl: ctrl, keeper: keeper, metrics: metrics, probes: probes}
+	if !opts.leaderElect {
+		return w.work(ctx)
+	}
+	return leader.Run(ctx, leader.Config{
+		Namespace: leaseNamespace(opts), Name: opts.leaderElectID, Client: wiring.KubeClient, Recorder: wiring.Recorder,
+		LeaseDuration: opts.leaseDuration, RenewDeadline: opts.renewDeadline, RetryPeriod: opts.retryPeriod,
+		Watchdog: watchdog, Gate: gate,
+	}, w.work)
+}
+
+// readiness is what /readyz asks: the controller, once made; the controller of the
+// owner that holds the write fence, while this one waits for it; why the CRD is
+// refused, while it is; and the mark's keeper.
+type readiness struct {
+	owner                   string
+	ctrl                    atomic.Pointer[controller.Controller]
+	fenceHolder, crdProblem atomic.Pointer[string]
+	keeper                  atomic.Pointer[mark.Keeper]
+}
+
+func (r *readiness) ready() error {
+	c := r.ctrl.Load()
+	if c == nil || !c.HasSynced() {
+		return errors.New("the Student cache has not synced")
+	}
+	if err := c.CRDOlder(); err != nil {
+		return err
+	}
+	if problem := r.crdProblem.Load(); problem != nil {
+		return errors.New(*problem)
+	}
+	if holder := r.fenceHolder.Load(); holder != nil {
+		return fmt.Errorf("another controller of owner %q holds the registry's write fence: %s", r.owner, *holder)
+	}
+	if k := r.keeper.Load(); k != nil {
+		return k.Ready()
+	}
+	return nil
+}
+
+// startProbes serves /healthz and /readyz, unless --health-probe-bind-address is 0.
+func startProbes(ctx context.Context, servers *sync.WaitGroup, opts options, r *readiness, watchdog *leaderelection.HealthzAdaptor) error {
+	if opts.probeAddr == "0" {
+		return nil
+	}
+	probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(r.ready, watchdog), ReadHeaderTimeout: 5 * time.Second}
+	return listenAndServe(ctx, servers, probes, "probes")
+}
+
+// startMetrics registers the metrics: controller-runtime's registry already carries
+// client-go's REST client and leader election metrics; the process's, the Go
+// runtime's, the workqueue's and the controller's join it.
+func startMetrics() *controller.Metrics {
 	crmetrics.Registry.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	workqueue.SetProvider(controller.NewWorkqueueMetricsProvider(crmetrics.Registry))
-	metrics := controller.NewMetrics(crmetrics.Registry)
+	return controller.NewMetrics(crmetrics.Registry)
+}
 
+// startServers serves pprof and the metrics, unless their addresses are 0.
+func startServers(ctx context.Context, servers *sync.WaitGroup, opts options, cfg *rest.Config) error {
+	if opts.pprofAddr != "0" {
+		profiling := &http.Server{Addr: opts.pprofAddr, Handler: pprofHandler(), ReadHeaderTimeout: 5 * time.Second}
+		if err := listenAndServe(ctx, servers, profiling, "pprof"); err != nil {
+			return err
+		}
+	}
+	if opts.metricsAddr == "0" {
+		return nil
+	}
+	return serveMetrics(ctx, servers, opts, cfg)
+}
+
+// newKeeper is the keeper of the registry's mark in the cluster: nil in a dry run, or
+// where there is no namespace to keep it in.
+func newKeeper(ctx context.Context, opts options, client kubernetes.Interface, reg *registry.Registry, metrics *controller.Metrics) *mark.Keeper {
+	place := markPlace(opts)
+	switch {
+	case opts.dryRun:
+		return nil
+	case place.Namespace == "":
+		klog.FromContext(ctx).Info("The registry's mark is not kept in the cluster: with no namespace for it (--registry-mark-namespace, POD_NAMESPACE), " +
+			"a registry put back in time is not noticed")
+		return nil
+	}
+	return &mark.Keeper{Client: client, Place: place, Owner: opts.owner, Registry: reg, Gauge: metrics, Pod: podReference()}
+}
+
+// startController makes the controller and its informers, and what stops its tracing.
+// With leader election the gate is the elector's; without, it always says yes; in a
+// dry run, always no.
+func startController(ctx context.Context, opts options, cfg *rest.Config, reg controller.Registry, cluster string,
+	metrics *controller.Metrics, keeper *mark.Keeper, gate *leader.Gate) (*controller.Wiring, func(), error) {
 	rateLimiter := controller.DefaultRateLimiter()
 	if opts.rateLimiter == "client-go" {
 		rateLimiter = workqueue.DefaultTypedControllerRateLimiter[string]()
 	}
-	// With leader election the gate is the elector's; without, it always says yes; in a
-	// dry run, always no.
-	gate := &leaseGate{}
-	leading := gate.check
+	var leading controller.Gate = gate
 	if opts.dryRun {
-		leading = func() error { return errDryRun }
+		leading = dryRunGate{}
+	}
+	var registryMark controller.Mark
+	if keeper != nil {
+		registryMark = keeper
 	}
 	tracerProvider, stopTracing, err := startTracing(ctx, opts)
 	if err != nil {
-		return fmt.Errorf("--tracing-endpoint: %w", err)
-	}
-	defer stopTracing()
-	var keeper *markKeeper
-	if namespace, name := markPlace(opts); namespace != "" && !opts.dryRun {
-		keeper = &markKeeper{client: kubeClient, namespace: namespace, name: name, owner: opts.owner, reg: writable,
-			metrics: metrics, pod: podReference(), behind: &behind}
-	} else if !opts.dryRun {
-		logger.Info("The registry's mark is not kept in the cluster: with no namespace for it (--registry-mark-namespace, POD_NAMESPACE), " +
-			"a registry put back in time is not noticed")
-	}
-	var registryBehind func() error
-	if keeper != nil {
-		registryBehind = keeper.Behind
-		keeperRef.Store(keeper)
+		return nil, nil, fmt.Errorf("--tracing-endpoint: %w", err)
 	}
 	wiring, err := controller.NewWiring(ctx, cfg, reg, controller.WiringOptions{
 		Scope:          opts.scope,
@@ -144,105 +224,109 @@ func run(ctx context.Context, opts options) error {
 			SyncTimeout:             opts.syncTimeout,
 			RateLimiter:             rateLimiter,
 			SweepEventTarget:        podReference(),
-			RegistryBehind:          registryBehind,
+			Mark:                    registryMark,
 			Metrics:                 metrics,
 			Leading:                 leading,
 		},
 	})
 	if err != nil {
+		stopTracing()
+		return nil, nil, err
+	}
+	return wiring, stopTracing, nil
+}
+
+// writer is the controller's work once it may write.
+type writer struct {
+	opts    options
+	reg     *registry.Registry
+	cluster string
+	crds    dynamic.Interface
+	ctrl    *controller.Controller
+	keeper  *mark.Keeper
+	metrics *controller.Metrics
+	probes  *readiness
+}
+
+// work writes until ctx ends. It starts with the owner's write fence, held while the
+// controller works and given back when it stops: meanwhile another controller of the
+// owner waits, and a former writer's late write (a paused leader's, one that waited
+// on a lock) is rolled back.
+func (w *writer) work(ctx context.Context) error {
+	// Nothing is written, the schema's migration included, while the served CRD
+	// would drop a field of a write.
+	if !waitForCRD(ctx, w.crds, &w.probes.crdProblem) {
+		return nil
+	}
+	ok, err := w.reg.Lead(ctx, w.opts.owner, w.cluster, func(held *registry.HeldError) {
+		w.probes.fenceHolder.Store(&held.Holder)
+		w.metrics.ObserveFence(false, true)
+	})
+	w.probes.fenceHolder.Store(nil)
+	if !ok {
+		w.metrics.ObserveFence(false, false)
 		return err
 	}
-	defer wiring.Shutdown()
-	ctrl := wiring.Controller
-	if keeper != nil {
-		keeper.recorder, keeper.confirmed = wiring.Recorder, ctrl.SweepSoon
+	w.metrics.ObserveFence(true, false)
+	workCtx, stopWork := context.WithCancel(ctx)
+	defer stopWork()
+	fenceCtx, stopFence := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFence()
+	lost := make(chan error, 1)
+	go func() {
+		err := w.reg.Hold(fenceCtx)
+		w.metrics.ObserveFence(false, false)
+		if err != nil {
+			stopWork()
+		}
+		lost <- err
+	}()
+	err = w.reg.CheckSchema(workCtx) // a newer version may have migrated it meanwhile
+	if err == nil {
+		w.startKeeper(workCtx)
+		err = drained(workCtx, w.opts, func(ctx context.Context) error { return w.ctrl.Run(ctx, w.opts.workers) })
 	}
-	running.Store(ctrl)
+	stopFence()
+	if fenceErr := <-lost; fenceErr != nil {
+		return fmt.Errorf("stopped writing: %w", fenceErr)
+	}
+	return err
+}
 
-	if opts.pprofAddr != "0" {
-		profiling := &http.Server{Addr: opts.pprofAddr, Handler: pprofHandler(), ReadHeaderTimeout: 5 * time.Second}
-		if err := listenAndServe(serveCtx, &servers, profiling, "pprof"); err != nil {
-			return err
-		}
+// startKeeper compares the marks before the first sweep, and then keeps the mark
+// while ctx lasts. Until a check succeeds the sweep releases nothing.
+func (w *writer) startKeeper(ctx context.Context) {
+	if w.keeper == nil {
+		return
 	}
-	if opts.metricsAddr != "0" {
-		if err := serveMetrics(serveCtx, &servers, opts, cfg); err != nil {
-			return err
-		}
+	if err := w.keeper.Check(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot compare the registry's mark with the cluster's yet; the sweep releases nothing until it can",
+			"configMap", klog.KRef(w.keeper.Place.Namespace, w.keeper.Place.Name))
 	}
+	go w.keeper.Run(ctx, w.reg.LeaseDuration()/3)
+}
 
-	// The informers stop when run returns for any reason, a lost Lease included, not
-	// only on a signal: Shutdown (deferred above, so run after this) waits for them.
-	informersCtx, stopInformers := context.WithCancel(ctx)
-	defer stopInformers()
-	wiring.Start(informersCtx)
-	if opts.dryRun {
-		if opts.leaderElect {
-			logger.Info("Dry run: --leader-elect is ignored; taking the Lease would be a write")
-		}
-		return ctrl.RunDryRun(ctx, cmp.Or(opts.sweepInterval, time.Minute))
-	}
+// dryRunGate refuses every write: a dry run writes nothing.
+type dryRunGate struct{}
 
-	// Writing starts with the owner's write fence, held while the controller works and
-	// given back when it stops: meanwhile another controller of the owner waits, and a
-	// former writer's late write (a paused leader's, one that waited on a lock) is
-	// rolled back.
-	crds, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
+func (dryRunGate) Check() error { return errDryRun }
+
+// leaseNamespace is the leader election Lease's namespace: --leader-elect-namespace,
+// else the Pod's, else kube-system.
+func leaseNamespace(opts options) string {
+	return cmp.Or(opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"), metav1.NamespaceSystem)
+}
+
+// markPlace is where the cluster keeps the registry's mark: in --registry-mark-namespace,
+// else the Lease's namespace (with --leader-elect), else the Pod's; named after the
+// Lease (--leader-elect-id), so that the RBAC that names the Lease names it too. No
+// namespace: nowhere (a controller run outside a Pod without leader election).
+func markPlace(opts options) mark.Place {
+	namespace := cmp.Or(opts.markNamespace, opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"))
+	if namespace == "" && opts.leaderElect {
+		namespace = metav1.NamespaceSystem
 	}
-	work := func(ctx context.Context) error {
-		// Nothing is written, the schema's migration included, while the served CRD
-		// would drop a field of a write.
-		if !waitForCRD(ctx, crds, &crdProblem) {
-			return nil
-		}
-		ok, err := writable.Lead(ctx, opts.owner, cluster, func(held *registry.HeldError) {
-			fenceHolder.Store(&held.Holder)
-			metrics.ObserveFence(false, true)
-		})
-		fenceHolder.Store(nil)
-		if !ok {
-			metrics.ObserveFence(false, false)
-			return err
-		}
-		metrics.ObserveFence(true, false)
-		workCtx, stopWork := context.WithCancel(ctx)
-		defer stopWork()
-		fenceCtx, stopFence := context.WithCancel(context.WithoutCancel(ctx))
-		defer stopFence()
-		lost := make(chan error, 1)
-		go func() {
-			err := writable.Hold(fenceCtx)
-			metrics.ObserveFence(false, false)
-			if err != nil {
-				stopWork()
-			}
-			lost <- err
-		}()
-		err = writable.CheckSchema(workCtx) // a newer version may have migrated it meanwhile
-		if err == nil && keeper != nil {
-			// The marks are compared before the first sweep; until a check succeeds
-			// the sweep releases nothing.
-			if err := keeper.checkAndKeep(workCtx); err != nil {
-				logger.Error(err, "Cannot compare the registry's mark with the cluster's yet; the sweep releases nothing until it can",
-					"configMap", klog.KRef(keeper.namespace, keeper.name))
-			}
-			go keeper.run(workCtx, writable.LeaseDuration()/3)
-		}
-		if err == nil {
-			err = drained(workCtx, opts, func(ctx context.Context) error { return ctrl.Run(ctx, opts.workers) })
-		}
-		stopFence()
-		if fenceErr := <-lost; fenceErr != nil {
-			return fmt.Errorf("stopped writing: %w", fenceErr)
-		}
-		return err
-	}
-	if !opts.leaderElect {
-		return work(ctx)
-	}
-	return runLeading(ctx, opts, wiring.KubeClient, wiring.Recorder, watchdog, gate, work)
+	return mark.Place{Namespace: namespace, Name: opts.leaderElectID + mark.Suffix, Given: opts.markNamespace != ""}
 }
 
 // crdRetry is how often a controller that found the Student CRD too old reads it again.

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/student-controller/student-controller/internal/registry"
+	"github.com/student-controller/student-controller/internal/decide"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
@@ -295,9 +295,10 @@ var noRareFields rareFields
 // deleting says whether the Student has a deletion timestamp.
 func (c *cachedStudent) deleting() bool { return c.rareField().deletionTimestamp != nil }
 
-// record is the registry row that the Student should have, written by owner.
-func (c *cachedStudent) record(owner string) registry.Record {
-	return newRecord(owner, c.rowUID(), c.uidValue(), c.namespace(), c.name(), c.generation, c.spec())
+// facts are what the decision reads of the Student, from the cache.
+func (c *cachedStudent) facts() decide.Student {
+	return decide.Student{Namespace: c.namespace(), Name: c.name(), UID: string(c.uidValue()), Generation: c.generation,
+		Spec: c.spec(), RowKey: c.rowUID(), Deleting: c.deleting(), Paused: c.isPaused()}
 }
 
 // rowUID is the uid of the Student's registry row: its row-uid annotation, or its own

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned/fake"
 )
@@ -134,8 +135,8 @@ func TestCompact(t *testing.T) {
 			if c.deleting() != (s.DeletionTimestamp != nil) {
 				t.Errorf("deleting %v; want %v", c.deleting(), s.DeletionTimestamp != nil)
 			}
-			if c.record(owner) != recordOf(owner, s) {
-				t.Errorf("record %+v; want %+v", c.record(owner), recordOf(owner, s))
+			if got := decide.Want(owner, c.facts()); got != recordOf(owner, s) {
+				t.Errorf("record %+v; want %+v", got, recordOf(owner, s))
 			}
 			if key, err := cacheKey(c); err != nil || key != c.key {
 				t.Errorf("cacheKey = %q, %v; want %q", key, err, c.key)

@@ -106,10 +106,11 @@ type Config struct {
 	// Tracer traces each sync (its queue wait, registry operations and status write);
 	// nil traces nothing, at no cost.
 	Tracer trace.Tracer
-	// RegistryBehind, when set, is nil while the registry may be trusted about rows
-	// without Students, and otherwise says why not (it went back in time and no
-	// operator has confirmed it): then the sweep releases nothing.
-	RegistryBehind func() error
+	// Mark, when set, says whether the registry may be trusted about rows without
+	// Students: not while it is behind the cluster's mark of it (it went back in time,
+	// and no operator has confirmed it). Then the sweep releases nothing, and a
+	// finalizer releases a row instead of deleting it.
+	Mark Mark
 	// CRDDeleting, when set, says whether the Student CRD is being deleted: then every
 	// Student is deleted by the API server, not by a user, and a finalizer releases its
 	// row instead of deleting it. NewWiring sets it; unset, the CRD is never deleting.
@@ -119,8 +120,15 @@ type Config struct {
 	// renew deadline, as after a pause) or another replica leads. It is asked before
 	// every sync and every write, registry and API alike; a key it refuses waits in the
 	// queue. Unset, the controller always writes (no leader election).
-	Leading func() error
+	Leading Gate
 }
+
+// Gate says whether this replica may write now: nil while it may (internal/leader).
+type Gate interface{ Check() error }
+
+// Mark says whether the registry is behind the cluster's mark of it: nil once the
+// marks were compared and it is not (internal/mark).
+type Mark interface{ Behind() error }
 
 // ErrNotLeading is returned for work refused because this replica may not write.
 var ErrNotLeading = errors.New("not the leader")

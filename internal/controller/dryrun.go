@@ -122,6 +122,7 @@ func (c *Controller) Plan(ctx context.Context) (Plan, error) {
 	return PlanFor(ctx, c.rows, PlanScope{
 		Owner: c.cfg.Owner, Scope: c.cfg.Scope, Exists: c.studentExists,
 		SweepMaxDeletions: c.cfg.SweepMaxDeletions, SweepMaxDeletionPercent: c.cfg.SweepMaxDeletionPercent,
-		NoSweep: c.cfg.SweepInterval == 0, CRD: crd, CRDOlder: c.crd.Older() != nil, MaxUndo: c.cfg.MaxRewinds,
+		NoSweep: c.cfg.SweepInterval == 0, CRD: crd, CRDOlder: c.crd.Older() != nil, RegistryBehind: c.registryBehind() != nil,
+		MaxUndo: c.cfg.MaxRewinds,
 	}, students)
 }

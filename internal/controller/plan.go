@@ -106,6 +106,8 @@ type PlanInput struct {
 	// it lacks fields the controller writes.
 	CRD      decide.CRD
 	CRDOlder bool
+	// RegistryBehind says the registry is behind the cluster's mark, unconfirmed.
+	RegistryBehind bool
 	// MaxUndo is the bound of rows undone (Config.MaxRewinds), 100 when unset.
 	MaxUndo int
 }
@@ -124,6 +126,7 @@ func ComputePlan(in PlanInput) Plan {
 		seen[f.Student.RowKey] = true
 		f.Row = cmp.Or(rows[f.Student.RowKey], decide.Row{Read: decide.Absent})
 		f.UndoLeft, f.MaxUndo, f.CRDOlder = undone < maxUndo, maxUndo, in.CRDOlder
+		f.RegistryBehind = f.Student.Deleting && in.RegistryBehind
 		d, err := decide.Settle(&f, in.answer)
 		if err != nil {
 			plan.Actions = append(plan.Actions, PlannedAction{Action: PlanRefuse, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Cause: err.Error()})
@@ -229,23 +232,26 @@ func planned(s *studentv1.Student, d decide.Decision) []PlannedAction {
 // and the rows registry prune would delete.
 func (plan *Plan) sweep(in PlanInput, seen map[string]bool) {
 	var orphans []registry.Record
-	for _, r := range in.Rows {
-		if release, _, _ := decide.WithoutStudent(r, in.Owner); !seen[r.UID] && release {
+	for i, r := range in.Rows {
+		if !seen[r.UID] && decide.Sweep(in.Owner, &in.Rows[i], nil) == decide.SweepRelease {
 			orphans = append(orphans, r)
 		}
 	}
 	plan.Orphans = len(orphans)
 	plan.SweepBound = decide.SweepBound(in.SweepMaxDeletions, in.SweepMaxDeletionPercent, len(in.Rows))
-	plan.SweepRefused = !in.NoSweep && len(orphans) > plan.SweepBound
+	hold := decide.SweepHolds(len(orphans), plan.SweepBound, in.RegistryBehind)
+	plan.SweepRefused = !in.NoSweep && hold != decide.SweepLetsGo
 	for _, r := range orphans {
-		a := PlannedAction{Action: PlanRelease, Namespace: r.Namespace, Name: r.Name, UID: r.UID, Cause: registry.CauseSweep}
+		a := PlannedAction{Action: PlanRefuse, Namespace: r.Namespace, Name: r.Name, UID: r.UID}
 		switch {
 		case in.NoSweep:
-			a.Action = PlanRefuse
 			a.Cause = "the sweep is off (--sweep-interval=0): the row stays"
-		case plan.SweepRefused:
-			a.Action = PlanRefuse
+		case hold == decide.SweepPastBound:
 			a.Cause = fmt.Sprintf("the sweep's guard: %d owned rows without a Student, more than it lets go at once (%d)", len(orphans), plan.SweepBound)
+		case hold == decide.SweepRegistryBehind:
+			a.Cause = "the registry is behind the cluster's mark, unconfirmed: the row stays"
+		default:
+			a.Action, a.Cause = PlanRelease, registry.CauseSweep
 		}
 		plan.Actions = append(plan.Actions, a)
 	}
@@ -289,9 +295,10 @@ type PlanScope struct {
 	// CRD is the state of the served Student CRD, current when unset (CRDOlder: it
 	// lacks fields); MaxUndo the bound of rows undone (--registry-max-rewinds), 100
 	// when unset.
-	CRD      decide.CRD
-	CRDOlder bool
-	MaxUndo  int
+	CRD            decide.CRD
+	CRDOlder       bool
+	RegistryBehind bool
+	MaxUndo        int
 	// Exists asks the API server whether a row's Student is there. With a label
 	// selector it is asked of each owned row whose Student is not among those given:
 	// a Student there outside the selector keeps its row, out of scope.
@@ -304,7 +311,7 @@ type PlanScope struct {
 func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*studentv1.Student) (Plan, error) {
 	in := PlanInput{Owner: scope.Owner, Students: students, Others: map[string]registry.Record{}, History: map[string]registry.HistoryEntry{},
 		SweepMaxDeletions: scope.SweepMaxDeletions, SweepMaxDeletionPercent: scope.SweepMaxDeletionPercent, NoSweep: scope.NoSweep,
-		CRD: scope.CRD, CRDOlder: scope.CRDOlder, MaxUndo: scope.MaxUndo}
+		CRD: scope.CRD, CRDOlder: scope.CRDOlder, RegistryBehind: scope.RegistryBehind, MaxUndo: scope.MaxUndo}
 	owned, malformed, err := rows.List(ctx, scope.Owner)
 	if err != nil {
 		return Plan{}, err

@@ -40,7 +40,7 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st 
 		return c.writePaused(ctx, s, status, now)
 	}
 	c.cfg.Metrics.observeReady(key, st.Ready || st.Reason == studentv1.ReasonDrifted)
-	if st.Drifted != nil || !observed(s.Spec) {
+	if st.Drifted != nil || s.Spec.Management != studentv1.ManagementObserve {
 		// An observed Student's failure (the registry out of reach) keeps what it last
 		// found, as its status does.
 		c.cfg.Metrics.observeDrifted(key, st.Drifted != nil && *st.Drifted)
@@ -60,7 +60,7 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st 
 			drifted.Status, drifted.Reason, drifted.Message = metav1.ConditionTrue, studentv1.ReasonDrifted, st.Message
 		}
 		conds = append(conds, drifted)
-	} else if !observed(s.Spec) {
+	} else if s.Spec.Management != studentv1.ManagementObserve {
 		meta.RemoveStatusCondition(&status.Conditions, studentv1.ConditionDrifted)
 	}
 	for _, cond := range conds {

@@ -12,55 +12,38 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-// sweepPlan is what one sweep would do: the diff of the registry against the cache.
-type sweepPlan struct {
-	// Resync are the Students whose row is missing or differs from them: their sync
-	// repairs the row.
-	Resync []string
-	// Orphans are owned rows whose Student is gone.
-	Orphans []registry.Record
-}
-
-// planSweep compares the rows this controller owns with the Students in the cache. It
-// is a pure function of its inputs. A paused Student's row is left as it is, however it
-// differs; it is still that Student's, never an orphan. An observed Student is queued
-// when its row drifted (its sync reports it, and writes nothing); an observed row
-// without its Student is no orphan: nothing lets it go.
-func planSweep(owner string, rows []registry.Record, students []*cachedStudent) sweepPlan {
-	uids := make([]string, len(students))
-	byUID := make(map[string]*cachedStudent, len(students))
-	for i, s := range students {
-		uids[i] = s.rowUID()
-		byUID[uids[i]] = s
+// sweepRows decides for every row of the owner (decide.Sweep) and every cached
+// Student without one: the Students whose rows to repair (resync), and the rows
+// without a Student (orphans).
+func sweepRows(owner string, rows []registry.Record, students []*cachedStudent) (resync []string, orphans []registry.Record) {
+	byRow := make(map[string]*cachedStudent, len(students))
+	for _, s := range students {
+		byRow[s.rowUID()] = s
 	}
-	var plan sweepPlan
-	seen := make(map[string]bool, len(rows))
-	for _, row := range rows {
-		if row.Owner != owner {
-			continue // never another's
+	decided := func(row *registry.Record, s *cachedStudent) {
+		var named *decide.Student
+		if s != nil {
+			f := s.facts()
+			named = &f
 		}
-		seen[row.UID] = true
-		s, ok := byUID[row.UID]
-		switch {
-		case !ok:
-			if release, _, _ := decide.WithoutStudent(row, owner); release {
-				plan.Orphans = append(plan.Orphans, row)
-			}
-		case s.deleting() || s.isPaused():
-		case s.isObserved():
-			if decide.Drift(row, true, false, s.namespace(), s.name(), s.spec()) != "" {
-				plan.Resync = append(plan.Resync, s.key)
-			}
-		case !decide.SameRow(row, s.record(owner)):
-			plan.Resync = append(plan.Resync, s.key)
+		switch decide.Sweep(owner, row, named) {
+		case decide.SweepResync:
+			resync = append(resync, s.key)
+		case decide.SweepRelease:
+			orphans = append(orphans, *row)
 		}
 	}
-	for i, s := range students {
-		if !seen[uids[i]] && !s.deleting() && !s.isPaused() && s.spec().Validate() == "" {
-			plan.Resync = append(plan.Resync, s.key)
+	for i, row := range rows {
+		s := byRow[row.UID]
+		delete(byRow, row.UID)
+		decided(&rows[i], s)
+	}
+	for _, s := range students {
+		if _, rowless := byRow[s.rowUID()]; rowless {
+			decided(nil, s)
 		}
 	}
-	return plan
+	return resync, orphans
 }
 
 // SweepResult is what one sweep found and did.
@@ -101,9 +84,9 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	c.reportMalformed(logger, malformed)
 	rows = c.cfg.Scope.rowsIn(rows)
 	students := c.students.list()
-	plan := planSweep(c.cfg.Owner, rows, students)
-	result := SweepResult{Rows: len(rows), Resync: len(plan.Resync), Orphans: len(plan.Orphans), Malformed: len(malformed)}
-	for _, key := range plan.Resync {
+	resync, orphans := sweepRows(c.cfg.Owner, rows, students)
+	result := SweepResult{Rows: len(rows), Resync: len(resync), Orphans: len(orphans), Malformed: len(malformed)}
+	for _, key := range resync {
 		c.queue.Add(key)
 	}
 
@@ -111,19 +94,19 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		// The next leader's sweep does it, or this one's once it has renewed.
 		return result, fmt.Errorf("sweep: %w", err)
 	}
-	if c.cfg.Scope.Labeled() && len(plan.Orphans) > 0 {
+	if c.cfg.Scope.Labeled() && len(orphans) > 0 {
 		// A row's Student may be there with labels outside the selector: out of scope,
 		// neither an orphan nor one of the rows the guard's share is of (as plan counts).
 		var err error
-		if plan.Orphans, err = c.withoutLive(ctx, plan.Orphans, &result); err != nil {
+		if orphans, err = c.withoutLive(ctx, orphans, &result); err != nil {
 			return result, err
 		}
 		result.Rows -= result.Live
 	}
-	if result.Refused = c.sweepRefuses(logger, plan.Orphans, result.Rows, len(students)); result.Refused {
+	if result.Refused = c.sweepRefuses(logger, orphans, result.Rows, len(students)); result.Refused {
 		return result, nil
 	}
-	errs := c.letGoOrphans(ctx, plan.Orphans, &result)
+	errs := c.letGoOrphans(ctx, orphans, &result)
 	if result.Resync > 0 || result.Orphans > 0 || len(errs) > 0 {
 		logger.Info("Sweep found rows to repair or let go", "rows", result.Rows, "resync", result.Resync, "orphans", result.Orphans,
 			"released", result.Released, "studentStillThere", result.Live)
@@ -145,10 +128,11 @@ func (c *Controller) sweepMayWrite(ctx context.Context) error {
 }
 
 // sweepRefuses says whether the sweep lets go of none of orphans, out of the rows it
-// owns: more than its bound, or a registry that cannot be trusted about rows without
-// Students yet. It logs why, and posts SweepRefused past the bound.
+// owns (decide.SweepHolds). It logs why, and posts SweepRefused past the bound.
 func (c *Controller) sweepRefuses(logger klog.Logger, orphans []registry.Record, rows, students int) bool {
-	if bound := c.sweepBound(rows); len(orphans) > bound {
+	bound := c.sweepBound(rows)
+	switch decide.SweepHolds(len(orphans), bound, c.registryBehind() != nil) {
+	case decide.SweepPastBound:
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
 			"more than it lets go at once (%d). A controller that watches the wrong cluster or namespaces, or a Student CRD "+
 			"deleted or not yet served, looks like this. Nothing was deleted or released; the rows stay until their "+
@@ -160,15 +144,9 @@ func (c *Controller) sweepRefuses(logger klog.Logger, orphans []registry.Record,
 			c.write.warn(c.cfg.SweepEventTarget, EventSweepRefused, msg)
 		}
 		return true
-	}
-	if len(orphans) == 0 || c.cfg.RegistryBehind == nil {
-		return false
-	}
-	if err := c.cfg.RegistryBehind(); err != nil {
-		// Rows without Students on a registry that went back in time may be rows the
-		// cluster let go of since: kept as they are.
+	case decide.SweepRegistryBehind:
 		logger.Info("Sweep lets go of no row: the registry cannot be trusted about rows without Students yet",
-			"orphans", len(orphans), "reason", err.Error())
+			"orphans", len(orphans), "reason", c.registryBehind().Error())
 		return true
 	}
 	return false

@@ -83,10 +83,9 @@ func TestPlanSweep(t *testing.T) {
 			for i, s := range tc.students {
 				cached[i] = compactStudent(s)
 			}
-			plan := planSweep(owner, tc.rows, cached)
-			resync := plan.Resync
+			resync, found := sweepRows(owner, tc.rows, cached)
 			var orphans []string
-			for _, r := range plan.Orphans {
+			for _, r := range found {
 				orphans = append(orphans, r.UID)
 			}
 			if diff := cmp.Diff(tc.wantResync, resync); diff != "" {
@@ -235,7 +234,7 @@ func TestSweep(t *testing.T) {
 			}
 			f.ctrl.cfg.SweepEventTarget = tc.eventTarget
 			if tc.behind != nil {
-				f.ctrl.cfg.RegistryBehind = func() error { return tc.behind }
+				f.ctrl.cfg.Mark = markFunc(func() error { return tc.behind })
 			}
 			namespaces, selector, _ := strings.Cut(tc.scope, " ")
 			scope, err := ParseScope(namespaces, selector)
@@ -361,6 +360,32 @@ func TestCRDDeletedReleases(t *testing.T) {
 	}
 }
 
+// TestRegistryBehindReleases: on a registry behind the cluster's mark, unconfirmed,
+// the finalizer of a Delete Student releases its row (prunable once confirmed)
+// rather than deleting it; confirmed, the row is deleted.
+func TestRegistryBehindReleases(t *testing.T) {
+	for name, behind := range map[string]error{"behind": errors.New("the registry's mark is 3, below 7"), "in step": nil} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, newStudent("bye", withFinalizer, synced(start), deleting))
+			f.put(recordOf(owner, newStudent("bye")))
+			f.ctrl.cfg.Mark = markFunc(func() error { return behind })
+			if err := f.ctrl.sync(f.ctx, "school/bye"); err != nil {
+				t.Fatal(err)
+			}
+			row, kept := f.rows()["uid-bye"]
+			switch {
+			case behind != nil && (!kept || row.Owner != "" || row.ReleaseCause != registry.CauseRegistryBehind || !registry.Prunable(row, owner)):
+				t.Errorf("row %+v (there: %v): want it released, prunable", row, kept)
+			case behind == nil && kept:
+				t.Errorf("row %+v: want it deleted by the user's delete", row)
+			}
+			if got := f.get("school", "bye").Finalizers; len(got) != 0 {
+				t.Errorf("finalizers %v: want the Student let go", got)
+			}
+		})
+	}
+}
+
 // TestSweepSoon: SweepSoon brings the next sweep forward, long before the interval.
 func TestSweepSoon(t *testing.T) {
 	f := newFixture(t)
@@ -388,3 +413,8 @@ func TestSweepSoon(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// markFunc is a Mark of a function.
+type markFunc func() error
+
+func (f markFunc) Behind() error { return f() }

@@ -68,7 +68,16 @@ func (c *Controller) facts(s *studentv1.Student) decide.Facts {
 	// older CRD (the cache may still hold it so after the CRD is current again). A
 	// finalizer still asks whether the CRD is being deleted.
 	f.CRDOlder = c.crd.Older() != nil || c.crd != nil && s.Spec.Management == ""
+	f.RegistryBehind = f.Student.Deleting && c.registryBehind() != nil
 	return f
+}
+
+// registryBehind is Config.Mark's word: nil when no mark is kept.
+func (c *Controller) registryBehind() error {
+	if c.cfg.Mark == nil {
+		return nil
+	}
+	return c.cfg.Mark.Behind()
 }
 
 // CRDOlder is a *CRDTooOldError while the served Student CRD is older than this
@@ -214,9 +223,4 @@ func recordOf(owner string, s *studentv1.Student) registry.Record {
 // generation and spec, written by owner.
 func newRecord(owner, row string, uid types.UID, namespace, name string, generation int64, spec studentv1.StudentSpec) registry.Record {
 	return decide.Want(owner, decide.Student{Namespace: namespace, Name: name, UID: string(uid), Generation: generation, Spec: spec, RowKey: row})
-}
-
-// observed says whether a Student only observes its row (spec.management: Observe).
-func observed(spec studentv1.StudentSpec) bool {
-	return spec.Management == studentv1.ManagementObserve
 }

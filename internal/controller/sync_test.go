@@ -624,12 +624,12 @@ func TestNotLeading(t *testing.T) {
 			f.clock.SetTime(start.Add(time.Minute)) // rows written now differ from start's
 			before := f.rows()
 			var leading atomic.Bool
-			f.ctrl.write.leading = func() error {
+			f.ctrl.write.leading = gateFunc(func() error {
 				if !leading.Load() {
 					return errors.New("lease renewed 20s ago, past the renew deadline")
 				}
 				return nil
-			}
+			})
 			key := cache.MetaObjectToName(tc.student).String()
 			f.ctrl.queue.Add(key)
 			if !f.ctrl.processNextWorkItem(f.ctx) {
@@ -668,7 +668,7 @@ func TestNotLeading(t *testing.T) {
 				f.put(recordOf(owner, newStudent(fmt.Sprintf("gone-%d", i))))
 			}
 			f.client.ClearActions()
-			f.ctrl.write.leading = func() error { return errors.New("another replica leads") }
+			f.ctrl.write.leading = gateFunc(func() error { return errors.New("another replica leads") })
 			result, err := f.ctrl.Sweep(f.ctx)
 			if !errors.Is(err, ErrNotLeading) {
 				t.Errorf("sweep while not leading: %v, want ErrNotLeading", err)
@@ -689,7 +689,7 @@ func TestNotLeading(t *testing.T) {
 	t.Run("config", func(t *testing.T) {
 		f := newFixture(t, newStudent("a"))
 		c, err := New(f.ctx, f.client, f.informers, f.registry, f.recorder,
-			Config{Owner: owner, Leading: func() error { return errors.New("not yet") }})
+			Config{Owner: owner, Leading: gateFunc(func() error { return errors.New("not yet") })})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -847,3 +847,8 @@ func TestFinalizerPatch(t *testing.T) {
 		}
 	})
 }
+
+// gateFunc is a Gate of a function.
+type gateFunc func() error
+
+func (f gateFunc) Check() error { return f() }

@@ -27,7 +27,7 @@ type writes struct {
 	client   versioned.Interface
 	recorder record.EventRecorder
 	// leading is Config.Leading; nil means always.
-	leading func() error
+	leading Gate
 	// tracer is Config.Tracer; nil traces nothing.
 	tracer trace.Tracer
 }
@@ -39,7 +39,7 @@ func (w *writes) allowed() error {
 	if w.leading == nil {
 		return nil
 	}
-	if err := w.leading(); err != nil {
+	if err := w.leading.Check(); err != nil {
 		return fmt.Errorf("%w: %v", ErrNotLeading, err)
 	}
 	return nil

@@ -27,6 +27,9 @@ type Facts struct {
 	// says so, or the Student came through such a CRD).
 	CRD      CRD
 	CRDOlder bool
+	// RegistryBehind: the registry is behind the cluster's mark of it (it went back
+	// in time) and no operator has confirmed it, or the marks are not compared yet.
+	RegistryBehind bool
 	// UndoLeft says the bound of rows undone (--registry-max-rewinds, MaxUndo) has
 	// room for one more.
 	UndoLeft bool

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"runtime/debug"
 	"slices"
 	"testing"
 	"time"
@@ -18,7 +19,8 @@ import (
 // writes keep the preconditions the SQL keeps: owner, generation, policy, fence), and
 // decides again, for three syncs. It checks the rules the controller promises:
 //   - a row is destroyed only by the finalizer of a Delete Student whose row records
-//     Delete, with its CRD not being deleted (absence never destroys);
+//     Delete, with its CRD not being deleted, on a registry in step with the
+//     cluster's mark (absence never destroys);
 //   - no row of another owner or of another system is written, but one bound again
 //     (Rebind: no owner, the Student's own namespace and name, and this owner's
 //     history says the row was its own);
@@ -89,12 +91,14 @@ type state struct {
 	crdDeleting bool
 	crdOlder    bool
 	undoLeft    bool
+	// behind: the registry is behind the cluster's mark, unconfirmed.
+	behind bool
 }
 
 func (s state) String() string {
 	return fmt.Sprintf("live=%v finalizer=%v observed=%v paused=%v valid=%v written=%v policy=%s binding=%d row=%s content=%d rowPolicy=%q "+
-		"history=%d quorum=%d crdDeleting=%v crdOlder=%v undoLeft=%v elsewhere=%v", s.live, s.finalizer, s.observed, s.paused, s.valid, s.written, s.policy, s.binding,
-		rowKindNames[s.row], s.content, s.rowPolicy, s.history, s.quorum, s.crdDeleting, s.crdOlder, s.undoLeft, s.elsewhere)
+		"history=%d quorum=%d crdDeleting=%v crdOlder=%v undoLeft=%v elsewhere=%v behind=%v", s.live, s.finalizer, s.observed, s.paused, s.valid, s.written, s.policy, s.binding,
+		rowKindNames[s.row], s.content, s.rowPolicy, s.history, s.quorum, s.crdDeleting, s.crdOlder, s.undoLeft, s.elsewhere, s.behind)
 }
 
 // states enumerates the whole space. A row's content and policy mean nothing when it
@@ -127,11 +131,11 @@ func states(yield func(state) bool) {
 												for _, e := range es {
 													for _, h := range hs {
 														for _, q := range []Quorum{QuorumCurrent, QuorumGone, QuorumChanged} {
-															for _, crd := range [][2]bool{{false, false}, {true, false}, {false, true}, {true, true}} {
-																for _, undo := range bools {
-																	if !yield(state{live, fin, obs, paused, valid, written, policy, b, r, e, c, p, h, q, crd[0], crd[1], undo}) {
-																		return
-																	}
+															for flags := range 16 {
+																crdDeleting, crdOlder, undo, behind := flags&1 != 0, flags&2 != 0, flags&4 != 0, flags&8 != 0
+																if !yield(state{live, fin, obs, paused, valid, written, policy, b, r, e, c, p, h, q,
+																	crdDeleting, crdOlder, undo, behind}) {
+																	return
 																}
 															}
 														}
@@ -159,6 +163,7 @@ type world struct {
 	history               History // what its history's last entry says
 	quorum                Quorum
 	crdDeleting, crdOlder bool
+	behind                bool
 	undos                 int
 	// status is what the Student's status says: the last decision's.
 	status   *Status
@@ -177,7 +182,7 @@ func newWorld(st state) *world {
 	if !st.valid {
 		spec.Name = "bad\x00name"
 	}
-	w := &world{quorum: st.quorum, crdDeleting: st.crdDeleting, crdOlder: st.crdOlder, history: st.history, undos: maxUnd}
+	w := &world{quorum: st.quorum, crdDeleting: st.crdDeleting, crdOlder: st.crdOlder, behind: st.behind, history: st.history, undos: maxUnd}
 	if st.undoLeft {
 		w.undos = 0
 	}
@@ -228,7 +233,7 @@ func newWorld(st state) *world {
 
 // facts are what a sync starts from: the Student from the cache, nothing read.
 func (w *world) facts() Facts {
-	return Facts{Owner: me, Student: w.s, UndoLeft: w.undos < maxUnd, MaxUndo: maxUnd, CRDOlder: w.crdOlder}
+	return Facts{Owner: me, Student: w.s, UndoLeft: w.undos < maxUnd, MaxUndo: maxUnd, CRDOlder: w.crdOlder, RegistryBehind: w.behind}
 }
 
 // answer finds out a fact from the world, as the controller's reads do.
@@ -392,7 +397,7 @@ func (w *world) apply(t *testing.T, st state, a Action, f *Facts) error {
 			return refused()
 		case a.Op == Delete && (w.malformed || row.DeletionPolicy == registry.PolicyDelete):
 			// A malformed row may record Delete: the SQL deletes it then.
-			if !w.s.Deleting || w.s.Policy() != studentv1.DeletionPolicyDelete || w.crdDeleting {
+			if !w.s.Deleting || w.s.Policy() != studentv1.DeletionPolicyDelete || w.crdDeleting || w.behind {
 				t.Fatalf("%s: the row was deleted without the word of its Student's finalizer", st)
 			}
 			w.row, w.history = nil, HistoryDeleted
@@ -459,10 +464,28 @@ func remedied(t *testing.T) map[string]bool {
 	return out
 }
 
+// TestModel checks the half of the space where the Student is live, and the half
+// where it is being deleted, side by side.
 func TestModel(t *testing.T) {
 	docs := remedied(t)
+	// The walk allocates much and keeps little: collected less often, it takes half
+	// the time.
+	gc := debug.SetGCPercent(1000)
+	t.Cleanup(func() { debug.SetGCPercent(gc) })
+	for _, live := range []bool{true, false} {
+		t.Run(fmt.Sprintf("live=%v", live), func(t *testing.T) {
+			t.Parallel()
+			model(t, docs, live)
+		})
+	}
+}
+
+func model(t *testing.T, docs map[string]bool, live bool) {
 	n := 0
 	for st := range states {
+		if st.live != live {
+			continue
+		}
 		n++
 		w := newWorld(st)
 		planned := newWorld(st).plan(t, st)
@@ -508,4 +531,48 @@ func ops(actions []Action) []string {
 		out = append(out, name)
 	}
 	return out
+}
+
+// TestSweepModel walks the sweep's decision over the rows of the model and the
+// Students that name them, or none: it releases a row only when no Student names
+// it and the row is the owner's and managed, and lets go of nothing past its bound
+// or on a registry behind the cluster's mark.
+func TestSweepModel(t *testing.T) {
+	n := 0
+	for st := range states {
+		if st.binding != ownKey || st.history != HistoryOther || st.quorum != QuorumCurrent || st.crdDeleting || st.crdOlder || st.undoLeft || st.behind {
+			continue // facts the sweep does not read
+		}
+		w := newWorld(st)
+		for _, named := range []bool{true, false} {
+			s := &w.s
+			if !named {
+				s = nil
+			}
+			if w.malformed || w.row == nil && s == nil {
+				continue // the sweep skips unreadable rows; a row it lists exists
+			}
+			n++
+			ours := w.row != nil && w.row.Owner == me && w.row.Management == ""
+			switch a := Sweep(me, w.row, s); {
+			case a == SweepRelease && (named || !ours):
+				t.Errorf("%s named=%v: the sweep releases a row %s", st, named, OwnedBy(*w.row))
+			case a != SweepRelease && !named && ours:
+				t.Errorf("%s: the sweep keeps the owner's row without a Student", st)
+			case a == SweepResync && (w.s.Paused || w.s.Deleting):
+				t.Errorf("%s: the sweep queues a Student that it should leave alone", st)
+			}
+		}
+	}
+	for orphans := range 4 {
+		for bound := 1; bound < 3; bound++ {
+			for _, behind := range []bool{false, true} {
+				n++
+				if SweepHolds(orphans, bound, behind) == SweepLetsGo && (orphans > bound || orphans > 0 && behind) {
+					t.Errorf("the sweep lets go of %d orphans with bound %d, the registry behind: %v", orphans, bound, behind)
+				}
+			}
+		}
+	}
+	t.Logf("%d cases", n)
 }

@@ -469,6 +469,10 @@ func letGo(f Facts, done Action) Decision {
 		// Orphan, or a policy the CRD refuses now, stored before it did: keeping the
 		// row is what can be undone.
 		return letGo(Release, registry.CauseFinalizer)
+	case f.RegistryBehind:
+		// Nothing is destroyed on a registry gone back in time: released as it
+		// stands, for registry prune once an operator confirms the registry.
+		return letGo(Relinquish, registry.CauseRegistryBehind)
 	case f.CRD == CRDUnasked:
 		return ask(AskCRD)
 	case f.CRD == CRDDeleting:

@@ -38,6 +38,9 @@ const (
 	// CauseCRDDeleted: the Student was deleted because the Student CRD is being
 	// deleted (which deletes every Student), not by a user: its row is released.
 	CauseCRDDeleted = "crd-deleted"
+	// CauseRegistryBehind: the Student was deleted while the registry was behind the
+	// cluster's mark, unconfirmed: its row is released, not deleted.
+	CauseRegistryBehind = "registry-behind"
 	// CauseOwnerMove: the owner mark was renamed (student-controller registry rename-owner).
 	CauseOwnerMove = "owner-move"
 	// CausePolicyRecorded: a row written before rows recorded their deletion policy

@@ -270,10 +270,6 @@ const (
 			deletion_policy = $9, released_at = NULL, released_by = NULL, release_cause = NULL, management = NULL
 		WHERE uid = $1 AND owner IS NULL AND released_by = $6 AND management IS NULL
 		RETURNING created_at, updated_at`
-	// Prune's: a row that owner $2 released on its own (without a finalizer's word)
-	// while it recorded the Delete policy, and that is still so.
-	pruneSQL = `DELETE FROM students WHERE uid = $1 AND owner IS NULL AND released_by = $2 AND deletion_policy = 'Delete'
-		AND management IS NULL AND release_cause IN ('` + CauseSweep + `', '` + CauseStaleCache + `', '` + CauseCRDDeleted + `')` + returned
 	// The last statement of a fenced write: it locks the owner's fence row (on
 	// PostgreSQL; SQLite's write lock covers the whole transaction) and finds it only
 	// while it still holds this controller's token.
@@ -1021,12 +1017,19 @@ func (r *Registry) ListReleased(ctx context.Context, owner string) ([]Record, []
 	return out, malformed, nil
 }
 
-// Prunable says whether Prune deletes rec for owner: owner released it because its
-// Student was found missing, or deleted with the CRD (not by a user's delete), while
-// it recorded the Delete policy, and nobody has taken or observed it since.
+// prunableCauses are the causes of a release that Prune undoes: the row was let go
+// without a user's word that it should go, while it recorded the Delete policy.
+var prunableCauses = []string{CauseSweep, CauseStaleCache, CauseCRDDeleted, CauseRegistryBehind}
+
+// pruneSQL is Prune's: a row that owner $2 released for one of prunableCauses while
+// it recorded the Delete policy, and that is still so.
+var pruneSQL = `DELETE FROM students WHERE uid = $1 AND owner IS NULL AND released_by = $2 AND deletion_policy = 'Delete'
+	AND management IS NULL AND release_cause IN ('` + strings.Join(prunableCauses, "', '") + `')` + returned
+
+// Prunable says whether Prune deletes rec for owner: the same test as pruneSQL's.
 func Prunable(rec Record, owner string) bool {
 	return rec.Owner == "" && rec.ReleasedBy == owner && rec.DeletionPolicy == PolicyDelete && rec.Management == "" &&
-		(rec.ReleaseCause == CauseSweep || rec.ReleaseCause == CauseStaleCache || rec.ReleaseCause == CauseCRDDeleted)
+		slices.Contains(prunableCauses, rec.ReleaseCause)
 }
 
 // Prune deletes the row for uid when it is still Prunable for owner, with a history row

@@ -1,4 +1,6 @@
-package main
+// Package leader runs the controller's work only while this replica holds the leader
+// election Lease, and gates every write on that Lease.
+package leader
 
 import (
 	"context"
@@ -18,24 +20,31 @@ import (
 	"github.com/student-controller/student-controller/internal/controller"
 )
 
-// runLeading runs fn only while this process holds the Lease. On shutdown it lets fn
-// drain first and then releases the Lease, so a standby takes over at once and never
+// Config is how Run takes the Lease: the Lease's namespace and name, the elector's
+// timings, and who is asked.
+type Config struct {
+	Namespace, Name                           string
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	Client                                    kubernetes.Interface
+	// Recorder posts the Lease's Events; Watchdog, when set, fails /healthz for a
+	// leader that stopped renewing.
+	Recorder record.EventRecorder
+	Watchdog *leaderelection.HealthzAdaptor
+	// Gate is opened to this replica's elector: Check then says whether it may write.
+	Gate *Gate
+}
+
+// Run runs fn only while this process holds the Lease. On shutdown it lets fn drain
+// first and then releases the Lease, so a standby takes over at once and never
 // overlaps with this process's last writes.
-func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interface, recorder record.EventRecorder,
-	watchdog *leaderelection.HealthzAdaptor, gate *leaseGate, fn func(context.Context) error) error {
+func Run(ctx context.Context, cfg Config, fn func(context.Context) error) error {
 	logger := klog.FromContext(ctx)
 	host, _ := os.Hostname()
 	id := host + "_" + uuid.NewString()
-	ns := opts.leaderElectNamespace
-	if ns == "" {
-		ns = os.Getenv("POD_NAMESPACE")
-	}
-	if ns == "" {
-		ns = "kube-system"
-	}
-	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, ns, opts.leaderElectID,
-		kubeClient.CoreV1(), kubeClient.CoordinationV1(),
-		resourcelock.ResourceLockConfig{Identity: id, EventRecorder: recorder})
+	ns := cfg.Namespace
+	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, ns, cfg.Name,
+		cfg.Client.CoreV1(), cfg.Client.CoordinationV1(),
+		resourcelock.ResourceLockConfig{Identity: id, EventRecorder: cfg.Recorder})
 	if err != nil {
 		return fmt.Errorf("leader election lock: %w", err)
 	}
@@ -48,14 +57,14 @@ func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interfa
 	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		Name:            controller.Name,
-		LeaseDuration:   opts.leaseDuration,
-		RenewDeadline:   opts.renewDeadline,
-		RetryPeriod:     opts.retryPeriod,
+		LeaseDuration:   cfg.LeaseDuration,
+		RenewDeadline:   cfg.RenewDeadline,
+		RetryPeriod:     cfg.RetryPeriod,
 		ReleaseOnCancel: true,
-		WatchDog:        watchdog,
+		WatchDog:        cfg.Watchdog,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leading context.Context) {
-				logger.Info("Became the leader", "lease", klog.KRef(ns, opts.leaderElectID), "identity", id)
+				logger.Info("Became the leader", "lease", klog.KRef(ns, cfg.Name), "identity", id)
 				runCtx, cancel := context.WithCancel(ctx)
 				defer cancel()
 				defer context.AfterFunc(leading, cancel)()
@@ -76,7 +85,9 @@ func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interfa
 	if err != nil {
 		return fmt.Errorf("leader election: %w", err)
 	}
-	gate.set(elector, opts.renewDeadline-opts.leaseDuration)
+	if cfg.Gate != nil {
+		cfg.Gate.set(elector, cfg.RenewDeadline-cfg.LeaseDuration)
+	}
 	go func() {
 		<-ctx.Done()
 		if elector.IsLeader() {
@@ -105,27 +116,27 @@ func runLeading(ctx context.Context, opts options, kubeClient kubernetes.Interfa
 	}
 }
 
-// leaseGate tells the controller whether this replica may still write (its
+// Gate tells the controller whether this replica may still write (its
 // Config.Leading). client-go's elector stands down only once a renewal has failed, and a
 // leader paused past its Lease (SIGSTOP, a frozen VM) learns that only after it resumes
 // and tries, acting meanwhile on a cache as old as the pause while another replica
 // leads. The gate closes as soon as the last renewal is older than the
 // renew deadline, before any write, whether or not the elector has noticed.
-type leaseGate struct {
+type Gate struct {
 	elector atomic.Pointer[leaderelection.LeaderElector]
-	// slack is what Check may add to the lease duration: renew deadline minus lease
+	// slack is what the elector's Check may add to the lease duration: renew deadline minus lease
 	// duration, so the gate closes at the renew deadline.
 	slack time.Duration
 }
 
-func (g *leaseGate) set(e *leaderelection.LeaderElector, slack time.Duration) {
+func (g *Gate) set(e *leaderelection.LeaderElector, slack time.Duration) {
 	g.slack = slack
 	g.elector.Store(e)
 }
 
-// check is nil while writes may go ahead. Without leader election (no elector) they
-// always may.
-func (g *leaseGate) check() error {
+// Check is nil while writes may go ahead. Without an elector (no leader election)
+// they always may.
+func (g *Gate) Check() error {
 	e := g.elector.Load()
 	switch {
 	case e == nil:

@@ -1,11 +1,11 @@
-package main
+// Package mark keeps the registry's mark in the cluster, and tells a registry that
+// went back in time.
+package mark
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -19,19 +19,20 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/student-controller/student-controller/internal/controller"
-	"github.com/student-controller/student-controller/internal/registry"
 )
 
 // The registry's mark, kept in the cluster: a ConfigMap named after the leader
 // election Lease, in the controller's namespace, which holds the owner and the highest
-// mark this cluster has seen the registry at. A registry found below it went back in time; the ConfigMap
-// then says so (markBehind) until an operator confirms with the annotation.
+// mark this cluster has seen the registry at. A registry found below it went back in
+// time; the ConfigMap then says so (keyBehind) until an operator confirms with the
+// annotation.
 const (
-	markSuffix = "-registry-mark"
+	// Suffix ends the ConfigMap's name, after the Lease's.
+	Suffix = "-registry-mark"
 	// Data keys of the ConfigMap.
-	markOwner  = "owner"
-	markValue  = "mark"
-	markBehind = "behind"
+	keyOwner  = "owner"
+	keyMark   = "mark"
+	keyBehind = "behind"
 	// AnnotationBehindConfirmed, set to the ConfigMap's mark, says an operator has
 	// seen that the registry went back in time and goes on with it as it is.
 	AnnotationBehindConfirmed = "bolingcavalry.k8s.io/registry-behind-confirmed"
@@ -40,36 +41,40 @@ const (
 	eventRegistryBehindConfirmed = "RegistryBehindConfirmed"
 )
 
-// markPlace is where the cluster keeps the registry's mark: in --registry-mark-namespace,
-// else the leader election Lease's namespace (--leader-elect-namespace, else the Pod's,
-// else kube-system with --leader-elect); named after the Lease (--leader-elect-id), so
-// that the RBAC that names the Lease names it too. Empty namespace: nowhere (a
-// controller run outside a Pod without leader election).
-func markPlace(opts options) (namespace, name string) {
-	namespace = cmp.Or(opts.markNamespace, opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"))
-	if namespace == "" && opts.leaderElect {
-		namespace = metav1.NamespaceSystem
-	}
-	return namespace, opts.leaderElectID + markSuffix
+// Place is the ConfigMap that keeps the mark. Given says an operator named its
+// namespace (--registry-mark-namespace); an empty Namespace is nowhere.
+type Place struct {
+	Namespace, Name string
+	Given           bool
 }
 
-// markKeeper keeps the registry's mark in the cluster while this controller holds the
-// owner's write fence, and says when the registry is behind it.
-type markKeeper struct {
-	client          kubernetes.Interface
-	namespace, name string
-	owner           string
-	reg             *registry.Registry
-	metrics         *controller.Metrics
-	recorder        record.EventRecorder
-	pod             *corev1.ObjectReference
+// Registry is what the keeper reads and writes of the registry: its mark.
+type Registry interface {
+	ReadMark(ctx context.Context, owner string) (int64, error)
+	AdvanceMark(ctx context.Context) (int64, error)
+}
+
+// Keeper keeps the registry's mark in the cluster while this controller holds the
+// owner's write fence, and says when the registry is behind it. Set its fields before
+// its first Check.
+type Keeper struct {
+	Client   kubernetes.Interface
+	Place    Place
+	Owner    string
+	Registry Registry
+	// Recorder posts the Events on Pod, the controller's own; nothing without Pod.
+	Recorder record.EventRecorder
+	Pod      *corev1.ObjectReference
+	// Gauge, when set, is told whether the registry is behind (the metric).
+	Gauge interface{ SetRegistryBehind(bool) }
+	// Sweeper, when set, is asked for a sweep once an operator has confirmed a
+	// registry that was behind: the rows its sweeps kept may go now.
+	Sweeper interface{ SweepSoon() }
+
 	// behind holds what Behind says while the registry is behind the cluster's mark;
 	// checked says a check has compared the marks at least once.
-	behind  *atomic.Pointer[string]
+	behind  atomic.Pointer[string]
 	checked atomic.Bool
-	// confirmed, when set, is called once an operator has confirmed a registry that
-	// was behind (the controller's SweepSoon).
-	confirmed func()
 	// failing is the last check's refusal by the API server (RBAC that lets the
 	// controller not read or write the ConfigMap), until a check succeeds.
 	failing atomic.Pointer[string]
@@ -79,7 +84,7 @@ type markKeeper struct {
 // refused the last check the ConfigMap (RBAC): the Pod is then not ready, and says
 // why. A registry outage or an API server that does not answer leaves it ready, as
 // readiness never asks the registry; a standby, which checks nothing, is ready.
-func (k *markKeeper) Ready() error {
+func (k *Keeper) Ready() error {
 	if msg := k.behind.Load(); msg != nil {
 		return errors.New(*msg)
 	}
@@ -89,8 +94,9 @@ func (k *markKeeper) Ready() error {
 	return nil
 }
 
-// checkAndKeep runs check and keeps a refusal by the API server for Ready.
-func (k *markKeeper) checkAndKeep(ctx context.Context) error {
+// Check compares the marks once (check), and keeps a refusal by the API server for
+// Ready.
+func (k *Keeper) Check(ctx context.Context) error {
 	err := k.check(ctx)
 	switch {
 	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
@@ -105,19 +111,19 @@ func (k *markKeeper) checkAndKeep(ctx context.Context) error {
 // Behind is nil once the marks were compared and the registry is not behind the
 // cluster's; otherwise it says by how much and how to confirm, or that the marks have
 // not been compared yet (the sweep lets go of nothing meanwhile).
-func (k *markKeeper) Behind() error {
+func (k *Keeper) Behind() error {
 	if msg := k.behind.Load(); msg != nil {
 		return errors.New(*msg)
 	}
 	if !k.checked.Load() {
-		return fmt.Errorf("the registry's mark has not been compared with the cluster's (ConfigMap %s/%s) yet", k.namespace, k.name)
+		return fmt.Errorf("the registry's mark has not been compared with the cluster's (ConfigMap %s/%s) yet", k.Place.Namespace, k.Place.Name)
 	}
 	return nil
 }
 
-// run checks the mark every interval until ctx ends. The first check is done by the
-// caller (check), before the controller starts.
-func (k *markKeeper) run(ctx context.Context, interval time.Duration) {
+// Run checks the mark every interval until ctx ends. The first check is the
+// caller's (Check), before the controller starts.
+func (k *Keeper) Run(ctx context.Context, interval time.Duration) {
 	logger := klog.FromContext(ctx)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -127,8 +133,8 @@ func (k *markKeeper) run(ctx context.Context, interval time.Duration) {
 			return
 		case <-tick.C:
 		}
-		if err := k.checkAndKeep(ctx); err != nil && ctx.Err() == nil {
-			logger.Error(err, "Cannot keep the registry's mark in the cluster; retrying", "configMap", klog.KRef(k.namespace, k.name))
+		if err := k.Check(ctx); err != nil && ctx.Err() == nil {
+			logger.Error(err, "Cannot keep the registry's mark in the cluster; retrying", "configMap", klog.KRef(k.Place.Namespace, k.Place.Name))
 		}
 	}
 }
@@ -138,33 +144,33 @@ func (k *markKeeper) run(ctx context.Context, interval time.Duration) {
 // the cluster's follows. The ConfigMap is read before the mark advances, and written
 // only at the version read: a former holder that paused past its fence (its mark
 // refused) or past a new holder's write (a conflict) writes nothing.
-func (k *markKeeper) check(ctx context.Context) error {
+func (k *Keeper) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	cms := k.client.CoreV1().ConfigMaps(k.namespace)
-	read, err := cms.Get(ctx, k.name, metav1.GetOptions{})
+	cms := k.Client.CoreV1().ConfigMaps(k.Place.Namespace)
+	read, err := cms.Get(ctx, k.Place.Name, metav1.GetOptions{})
 	missing := apierrors.IsNotFound(err)
 	if err != nil && !missing {
-		return fmt.Errorf("read ConfigMap %s/%s: %w", k.namespace, k.name, err)
+		return fmt.Errorf("read ConfigMap %s/%s: %w", k.Place.Namespace, k.Place.Name, err)
 	}
 	if missing {
 		return k.start(ctx, nil)
 	}
 	cm := read.DeepCopy()
-	if cm.Data[markOwner] != k.owner {
+	if cm.Data[keyOwner] != k.Owner {
 		// Another owner's, or nothing yet: this owner's mark starts here.
 		return k.start(ctx, cm)
 	}
-	seen, err := strconv.ParseInt(cm.Data[markValue], 10, 64)
+	seen, err := strconv.ParseInt(cm.Data[keyMark], 10, 64)
 	if err != nil {
 		seen = 0 // edited by hand: start again from this registry's
 	}
 	// The cluster's mark is one the registry committed before the cluster kept it: a
 	// registry below it lost that commit. The registry's mark advances only once the
 	// comparison says level, so that no retry creeps past the cluster's.
-	found := cm.Data[markBehind]
+	found := cm.Data[keyBehind]
 	if found == "" {
-		at, err := k.reg.ReadMark(ctx, k.owner)
+		at, err := k.Registry.ReadMark(ctx, k.Owner)
 		if err != nil {
 			return err
 		}
@@ -172,7 +178,7 @@ func (k *markKeeper) check(ctx context.Context) error {
 			return k.advance(ctx, cm, false, seen)
 		}
 		found = strconv.FormatInt(at, 10)
-		cm.Data[markBehind] = found
+		cm.Data[keyBehind] = found
 		if err := k.update(ctx, cm); err != nil {
 			return err
 		}
@@ -184,38 +190,38 @@ func (k *markKeeper) check(ctx context.Context) error {
 	}
 	// Confirmed: the cluster's mark follows this registry from now on.
 	delete(cm.Annotations, AnnotationBehindConfirmed)
-	delete(cm.Data, markBehind)
+	delete(cm.Data, keyBehind)
 	if err := k.advance(ctx, cm, true, seen); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).Info("An operator confirmed the registry as it is; the sweep lets go of rows again",
-		"registryMark", at, "clusterMark", seen, "configMap", klog.KRef(k.namespace, k.name))
-	if k.pod != nil {
-		k.recorder.Eventf(k.pod, corev1.EventTypeNormal, eventRegistryBehindConfirmed,
+		"registryMark", at, "clusterMark", seen, "configMap", klog.KRef(k.Place.Namespace, k.Place.Name))
+	if k.Pod != nil {
+		k.Recorder.Eventf(k.Pod, corev1.EventTypeNormal, eventRegistryBehindConfirmed,
 			"An operator confirmed the registry as it is (its mark %d, the cluster's %d); the sweep lets go of rows again", at, seen)
 	}
-	if k.confirmed != nil {
-		k.confirmed()
+	if k.Sweeper != nil {
+		k.Sweeper.SweepSoon()
 	}
 	return nil
 }
 
 // start begins this owner's mark in the cluster: in a new ConfigMap (cm nil), or in
 // cm, which another owner's mark held.
-func (k *markKeeper) start(ctx context.Context, cm *corev1.ConfigMap) error {
-	mark, err := k.reg.AdvanceMark(ctx)
+func (k *Keeper) start(ctx context.Context, cm *corev1.ConfigMap) error {
+	mark, err := k.Registry.AdvanceMark(ctx)
 	if err != nil {
 		return err
 	}
-	data := map[string]string{markOwner: k.owner, markValue: strconv.FormatInt(mark, 10)}
+	data := map[string]string{keyOwner: k.Owner, keyMark: strconv.FormatInt(mark, 10)}
 	if cm == nil {
-		_, err = k.client.CoreV1().ConfigMaps(k.namespace).Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: k.name, Namespace: k.namespace,
+		_, err = k.Client.CoreV1().ConfigMaps(k.Place.Namespace).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: k.Place.Name, Namespace: k.Place.Namespace,
 				Labels: map[string]string{"app.kubernetes.io/name": controller.Name}},
 			Data: data,
 		}, metav1.CreateOptions{})
 		if err != nil {
-			return fmt.Errorf("create ConfigMap %s/%s: %w", k.namespace, k.name, err)
+			return fmt.Errorf("create ConfigMap %s/%s: %w", k.Place.Namespace, k.Place.Name, err)
 		}
 	} else {
 		cm.Data = data
@@ -230,12 +236,12 @@ func (k *markKeeper) start(ctx context.Context, cm *corev1.ConfigMap) error {
 // advance advances the registry's mark, level with the cluster's (seen) or confirmed
 // so, and keeps it in cm: a registry ahead of the cluster, should the update fail, is
 // never taken for one behind.
-func (k *markKeeper) advance(ctx context.Context, cm *corev1.ConfigMap, confirmed bool, seen int64) error {
-	mark, err := k.reg.AdvanceMark(ctx)
+func (k *Keeper) advance(ctx context.Context, cm *corev1.ConfigMap, confirmed bool, seen int64) error {
+	mark, err := k.Registry.AdvanceMark(ctx)
 	if err != nil {
 		return err
 	}
-	cm.Data[markValue] = strconv.FormatInt(mark, 10)
+	cm.Data[keyMark] = strconv.FormatInt(mark, 10)
 	if err := k.update(ctx, cm); err != nil {
 		return err
 	}
@@ -246,29 +252,31 @@ func (k *markKeeper) advance(ctx context.Context, cm *corev1.ConfigMap, confirme
 	return nil
 }
 
-func (k *markKeeper) report(ctx context.Context, behind bool, mark, seen int64) {
-	k.metrics.SetRegistryBehind(behind)
+func (k *Keeper) report(ctx context.Context, behind bool, mark, seen int64) {
+	if k.Gauge != nil {
+		k.Gauge.SetRegistryBehind(behind)
+	}
 	k.checked.Store(true)
 	if !behind {
 		k.behind.Store(nil)
 		return
 	}
-	msg := behindMessage(mark, seen, k.namespace, k.name)
+	msg := behindMessage(mark, seen, k.Place.Namespace, k.Place.Name)
 	if old := k.behind.Swap(&msg); old != nil {
 		return
 	}
 	klog.FromContext(ctx).Error(nil, "The registry is behind the cluster: it went back in time. Rows of live Students are written back; "+
-		"no row is released until an operator confirms", "registryMark", mark, "clusterMark", seen, "configMap", klog.KRef(k.namespace, k.name),
-		"confirm", confirmCommand(k.namespace, k.name, seen))
-	if k.pod != nil {
-		k.recorder.Event(k.pod, corev1.EventTypeWarning, eventRegistryBehind, msg)
+		"no row is released until an operator confirms", "registryMark", mark, "clusterMark", seen, "configMap", klog.KRef(k.Place.Namespace, k.Place.Name),
+		"confirm", confirmCommand(k.Place.Namespace, k.Place.Name, seen))
+	if k.Pod != nil {
+		k.Recorder.Event(k.Pod, corev1.EventTypeWarning, eventRegistryBehind, msg)
 	}
 }
 
 // update writes cm at the version the check read; a conflict writes nothing.
-func (k *markKeeper) update(ctx context.Context, cm *corev1.ConfigMap) error {
-	if _, err := k.client.CoreV1().ConfigMaps(k.namespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update ConfigMap %s/%s: %w", k.namespace, k.name, err)
+func (k *Keeper) update(ctx context.Context, cm *corev1.ConfigMap) error {
+	if _, err := k.Client.CoreV1().ConfigMaps(k.Place.Namespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update ConfigMap %s/%s: %w", k.Place.Namespace, k.Place.Name, err)
 	}
 	return nil
 }
@@ -285,27 +293,27 @@ func confirmCommand(namespace, name string, seen int64) string {
 	return fmt.Sprintf("kubectl -n %s annotate configmap %s %s=%d", namespace, name, AnnotationBehindConfirmed, seen)
 }
 
-// registryBehind reads the cluster's mark for a command (prune, adopt): nil when the
+// Behind reads the cluster's mark for a command (prune, adopt): nil when the
 // registry is not behind it, or an operator has confirmed; otherwise an error that
-// says so. For prune (required) a mark it cannot find (no namespace given, no
-// ConfigMap, another owner's) is an error too: prune deletes nothing on a registry it
-// cannot tell is current. Adopt goes on where the cluster keeps no mark of the owner
-// yet (a cluster rebuilt adopts before its controller runs): in --registry-mark-namespace
-// when given, else anywhere, looked for by its label.
-func registryBehind(ctx context.Context, client kubernetes.Interface, opts options, reg *registry.Registry, required bool) error {
-	cm, err := findMark(ctx, client, opts, required)
+// says so. When required (prune) a mark it cannot find (no namespace, no ConfigMap,
+// another owner's) is an error too: prune deletes nothing on a registry it cannot
+// tell is current. Adopt goes on where the cluster keeps no mark of the owner yet (a
+// cluster rebuilt adopts before its controller runs): in the place when given, else
+// anywhere, looked for by its label.
+func Behind(ctx context.Context, client kubernetes.Interface, place Place, owner string, reg Registry, required bool) error {
+	cm, err := find(ctx, client, place, owner, required)
 	if err != nil || cm == nil {
 		return err
 	}
-	seen, _ := strconv.ParseInt(cm.Data[markValue], 10, 64)
+	seen, _ := strconv.ParseInt(cm.Data[keyMark], 10, 64)
 	if cm.Annotations[AnnotationBehindConfirmed] == strconv.FormatInt(seen, 10) {
 		return nil // confirmed; the controller clears it when it starts
 	}
-	mark, err := reg.ReadMark(ctx, opts.owner)
+	mark, err := reg.ReadMark(ctx, owner)
 	if err != nil {
 		return err
 	}
-	if found, _ := strconv.ParseInt(cm.Data[markBehind], 10, 64); cm.Data[markBehind] != "" {
+	if found, _ := strconv.ParseInt(cm.Data[keyBehind], 10, 64); cm.Data[keyBehind] != "" {
 		mark = found
 	} else if mark >= seen {
 		return nil
@@ -313,12 +321,12 @@ func registryBehind(ctx context.Context, client kubernetes.Interface, opts optio
 	return errors.New(behindMessage(mark, seen, cm.Namespace, cm.Name))
 }
 
-// findMark finds the ConfigMap that keeps the owner's mark: nil when there is none
-// and it is not required.
-func findMark(ctx context.Context, client kubernetes.Interface, opts options, required bool) (*corev1.ConfigMap, error) {
-	namespace, name := markPlace(opts)
+// find finds the ConfigMap that keeps the owner's mark: nil when there is none and
+// it is not required.
+func find(ctx context.Context, client kubernetes.Interface, place Place, owner string, required bool) (*corev1.ConfigMap, error) {
+	namespace, name := place.Namespace, place.Name
 	if namespace == "" && !required {
-		return searchMark(ctx, client, opts.owner)
+		return search(ctx, client, owner)
 	}
 	if namespace == "" {
 		return nil, errors.New("the cluster's mark of the registry is needed to tell that the registry did not go back in time: " +
@@ -326,35 +334,35 @@ func findMark(ctx context.Context, client kubernetes.Interface, opts options, re
 	}
 	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
-	case apierrors.IsNotFound(err) && !required, err == nil && cm.Data[markOwner] != opts.owner && !required:
-		if opts.markNamespace != "" {
+	case apierrors.IsNotFound(err) && !required, err == nil && cm.Data[keyOwner] != owner && !required:
+		if place.Given {
 			return nil, nil // none kept where the operator said
 		}
 		// Not where the Pod's or the Lease's namespace says: looked for by its label
 		// before adopt goes on without it.
-		return searchMark(ctx, client, opts.owner)
+		return search(ctx, client, owner)
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("no ConfigMap %s/%s keeps the registry's mark: a controller of this version keeps it once it runs "+
 			"(check --registry-mark-namespace and --leader-elect-id)", namespace, name)
 	case err != nil:
 		return nil, fmt.Errorf("read the cluster's mark of the registry (ConfigMap %s/%s): %w", namespace, name, err)
-	case cm.Data[markOwner] != opts.owner:
+	case cm.Data[keyOwner] != owner:
 		return nil, fmt.Errorf("ConfigMap %s/%s keeps the mark of owner %q, not %q: run a controller of this owner first", namespace, name,
-			cm.Data[markOwner], opts.owner)
+			cm.Data[keyOwner], owner)
 	}
 	return cm, nil
 }
 
-// searchMark finds the owner's mark in any namespace, by the label the controller
-// gives it: nil when there is none, an error when there are several.
-func searchMark(ctx context.Context, client kubernetes.Interface, owner string) (*corev1.ConfigMap, error) {
+// search finds the owner's mark in any namespace, by the label the controller gives
+// it: nil when there is none, an error when there are several.
+func search(ctx context.Context, client kubernetes.Interface, owner string) (*corev1.ConfigMap, error) {
 	list, err := client.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + controller.Name})
 	if err != nil {
 		return nil, fmt.Errorf("look for the cluster's mark of the registry (or give --registry-mark-namespace): %w", err)
 	}
 	var found []*corev1.ConfigMap
 	for i, cm := range list.Items {
-		if strings.HasSuffix(cm.Name, markSuffix) && cm.Data[markOwner] == owner {
+		if strings.HasSuffix(cm.Name, Suffix) && cm.Data[keyOwner] == owner {
 			found = append(found, &list.Items[i])
 		}
 	}

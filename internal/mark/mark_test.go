@@ -1,4 +1,4 @@
-package main
+package mark
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/registry"
+	_ "modernc.org/sqlite"
 )
 
 // TestMarkKeeper: the cluster keeps the highest mark it has seen the registry at. A
@@ -33,37 +33,33 @@ func TestMarkKeeper(t *testing.T) {
 	client := fake.NewClientset()
 	promReg := prometheus.NewRegistry()
 	recorder := record.NewFakeRecorder(10)
-	var behind atomic.Pointer[string]
-	opts := options{owner: "stu", markNamespace: "system", leaderElectID: "student-controller"}
-	namespace, name := markPlace(opts)
-	if name != "student-controller-registry-mark" {
-		t.Fatalf("the ConfigMap's name: %q", name)
-	}
-	k := &markKeeper{client: client, namespace: namespace, name: name, owner: "stu", reg: reg,
-		metrics: controller.NewMetrics(promReg), recorder: recorder, pod: podRef(), behind: &behind}
+	place := Place{Namespace: "system", Name: "student-controller-registry-mark", Given: true}
+	namespace, name := place.Namespace, place.Name
+	k := &Keeper{Client: client, Place: place, Owner: "stu", Registry: reg,
+		Gauge: controller.NewMetrics(promReg), Recorder: recorder, Pod: podRef()}
 	sweeps := 0
-	k.confirmed = func() { sweeps++ }
+	k.Sweeper = sweepFunc(func() { sweeps++ })
 	if k.Behind() == nil {
 		t.Error("Behind before the first check: nil, want an error (not compared yet)")
 	}
 	// prune deletes nothing on a registry whose mark it cannot find.
-	if err := registryBehind(ctx, client, options{owner: "stu", leaderElectID: "student-controller"}, reg, true); err == nil {
+	if err := Behind(ctx, client, Place{Name: name}, "stu", reg, true); err == nil {
 		t.Error("prune's check with no namespace for the mark: nil, want a refusal")
 	}
-	if err := registryBehind(ctx, client, opts, reg, true); err == nil || !strings.Contains(err.Error(), "no ConfigMap") {
+	if err := Behind(ctx, client, place, "stu", reg, true); err == nil || !strings.Contains(err.Error(), "no ConfigMap") {
 		t.Errorf("prune's check before any controller kept a mark: %v, want a refusal", err)
 	}
 	// adopt goes on where no mark is kept yet: a cluster rebuilt adopts before its
 	// controller runs. Without a namespace it looks for the mark by its label.
-	anywhere := options{owner: "stu", leaderElectID: "student-controller"}
-	for _, o := range []options{anywhere, opts} {
-		if err := registryBehind(ctx, client, o, reg, false); err != nil {
-			t.Errorf("adopt's check before any controller kept a mark (namespace %q): %v, want nil", o.markNamespace, err)
+	anywhere := Place{Name: name}
+	for _, o := range []Place{anywhere, place} {
+		if err := Behind(ctx, client, o, "stu", reg, false); err != nil {
+			t.Errorf("adopt's check before any controller kept a mark (namespace %q): %v, want nil", o.Namespace, err)
 		}
 	}
 	check := func(wantBehind bool) {
 		t.Helper()
-		if err := k.check(ctx); err != nil {
+		if err := k.Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if err := k.Behind(); (err != nil) != wantBehind {
@@ -88,7 +84,7 @@ func TestMarkKeeper(t *testing.T) {
 	if got := data(); got["owner"] != "stu" || got["mark"] != "3" || got["behind"] != "" {
 		t.Fatalf("the ConfigMap after three checks: %v; want owner stu, mark 3", got)
 	}
-	if err := registryBehind(ctx, client, opts, reg, true); err != nil {
+	if err := Behind(ctx, client, place, "stu", reg, true); err != nil {
 		t.Errorf("prune's check while the registry is level: %v", err)
 	}
 
@@ -117,12 +113,12 @@ func TestMarkKeeper(t *testing.T) {
 	if got := data(); got["mark"] != "3" || got["behind"] != "1" {
 		t.Errorf("the ConfigMap while behind: %v; want mark 3, behind 1", got)
 	}
-	if err := registryBehind(ctx, client, opts, reg, true); err == nil || !strings.Contains(err.Error(), "mark is 1, below the 3") {
+	if err := Behind(ctx, client, place, "stu", reg, true); err == nil || !strings.Contains(err.Error(), "mark is 1, below the 3") {
 		t.Errorf("prune's check while behind: %v; want a refusal naming both marks", err)
 	}
-	for _, o := range []options{anywhere, opts} {
-		if err := registryBehind(ctx, client, o, reg, false); err == nil || !strings.Contains(err.Error(), "mark is 1, below the 3") {
-			t.Errorf("adopt's check while behind (namespace %q): %v; want a refusal naming both marks", o.markNamespace, err)
+	for _, o := range []Place{anywhere, place} {
+		if err := Behind(ctx, client, o, "stu", reg, false); err == nil || !strings.Contains(err.Error(), "mark is 1, below the 3") {
+			t.Errorf("adopt's check while behind (namespace %q): %v; want a refusal naming both marks", o.Namespace, err)
 		}
 	}
 
@@ -141,10 +137,10 @@ func TestMarkKeeper(t *testing.T) {
 	annotate("2")
 	check(true)
 	annotate("3")
-	if err := registryBehind(ctx, client, opts, reg, true); err != nil {
+	if err := Behind(ctx, client, place, "stu", reg, true); err != nil {
 		t.Errorf("prune's check once confirmed: %v", err)
 	}
-	if err := registryBehind(ctx, client, anywhere, reg, false); err != nil {
+	if err := Behind(ctx, client, anywhere, "stu", reg, false); err != nil {
 		t.Errorf("adopt's check once confirmed: %v", err)
 	}
 	check(false)
@@ -164,9 +160,8 @@ func TestMarkKeeper(t *testing.T) {
 
 	// A ConfigMap of another owner is this owner's from now on, not a mark to be
 	// behind of.
-	other := &markKeeper{client: client, namespace: namespace, name: name, owner: "other", reg: reg,
-		metrics: controller.NewMetrics(nil), recorder: recorder, behind: new(atomic.Pointer[string])}
-	if err := other.check(ctx); err != nil || other.Behind() != nil {
+	other := &Keeper{Client: client, Place: place, Owner: "other", Registry: reg, Recorder: recorder}
+	if err := other.Check(ctx); err != nil || other.Behind() != nil {
 		t.Errorf("another owner's first check: %v, %v", err, other.Behind())
 	}
 }
@@ -222,17 +217,17 @@ func TestMarkKeeperReadiness(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	k := &markKeeper{client: client, namespace: "system", name: "student-controller-registry-mark", owner: "stu", reg: reg,
-		metrics: controller.NewMetrics(nil), recorder: record.NewFakeRecorder(10), behind: new(atomic.Pointer[string])}
-	if err := k.checkAndKeep(ctx); err == nil || k.Ready() == nil || !strings.Contains(k.Ready().Error(), "forbidden") {
+	k := &Keeper{Client: client, Place: Place{Namespace: "system", Name: "student-controller-registry-mark"}, Owner: "stu", Registry: reg,
+		Recorder: record.NewFakeRecorder(10)}
+	if err := k.Check(ctx); err == nil || k.Ready() == nil || !strings.Contains(k.Ready().Error(), "forbidden") {
 		t.Errorf("a check RBAC refuses: %v; Ready %v, want not ready, saying forbidden", err, k.Ready())
 	}
 	forbid = false
-	if err := k.checkAndKeep(ctx); err != nil || k.Ready() != nil {
+	if err := k.Check(ctx); err != nil || k.Ready() != nil {
 		t.Errorf("a check once RBAC allows it: %v; Ready %v, want ready", err, k.Ready())
 	}
 	reg.Close() // the registry stops answering
-	if err := k.checkAndKeep(ctx); err == nil || k.Ready() != nil {
+	if err := k.Check(ctx); err == nil || k.Ready() != nil {
 		t.Errorf("a check while the registry is down: %v; Ready %v, want an error and still ready", err, k.Ready())
 	}
 }
@@ -245,10 +240,10 @@ func TestMarkKeeperBehindNotRecorded(t *testing.T) {
 	ctx := context.Background()
 	reg, db := fencedSQLite(t)
 	client := fake.NewClientset()
-	k := &markKeeper{client: client, namespace: "system", name: "student-controller-registry-mark", owner: "stu", reg: reg,
-		metrics: controller.NewMetrics(nil), recorder: record.NewFakeRecorder(100), behind: new(atomic.Pointer[string])}
+	k := &Keeper{Client: client, Place: Place{Namespace: "system", Name: "student-controller-registry-mark"}, Owner: "stu", Registry: reg,
+		Recorder: record.NewFakeRecorder(100)}
 	for range 3 {
-		if err := k.check(ctx); err != nil {
+		if err := k.Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -264,12 +259,12 @@ func TestMarkKeeperBehindNotRecorded(t *testing.T) {
 		return false, nil, nil
 	})
 	for range 5 {
-		if err := k.check(ctx); err == nil {
+		if err := k.Check(ctx); err == nil {
 			t.Fatal("a check whose record fails: nil, want its error")
 		}
 	}
 	refuse = false
-	if err := k.check(ctx); err != nil {
+	if err := k.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.Behind(); err == nil {
@@ -297,3 +292,8 @@ func fencedSQLite(t *testing.T) (*registry.Registry, *sql.DB) {
 	t.Cleanup(func() { db.Close() })
 	return reg, db
 }
+
+// sweepFunc is a Sweeper of a function.
+type sweepFunc func()
+
+func (f sweepFunc) SweepSoon() { f() }
