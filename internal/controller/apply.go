@@ -194,7 +194,9 @@ func (c *Controller) report(ctx context.Context, s *studentv1.Student, f decide.
 			return c.statusFailed(ctx, s, d, err)
 		}
 		if d.Status.Ready || d.Status.Drifted != nil {
-			c.cfg.Metrics.observeReported(key, s.Generation, c.clock.Now())
+			if took, ok := c.states.generations.reported(key, s.Generation, c.clock.Now()); ok {
+				c.cfg.Metrics.observeLatency(took)
+			}
 		}
 	}
 	for _, e := range d.Events {
@@ -218,7 +220,7 @@ func (c *Controller) report(ctx context.Context, s *studentv1.Student, f decide.
 	case d.Result == decide.Retry:
 		return errors.New(d.Why)
 	case f.Quorum == decide.QuorumGone:
-		c.cfg.Metrics.forget(key)
+		c.states.forget(key)
 	}
 	return nil
 }

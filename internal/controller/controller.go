@@ -173,6 +173,8 @@ type Controller struct {
 	rewound atomic.Int64
 	// crd follows the served Student CRD (NewWiring); nil follows nothing.
 	crd *crdWatch
+	// states are what the syncs found of the Students, for the metrics.
+	states *states
 }
 
 // DefaultRateLimiter spaces the retries of one Student from half a second up to five
@@ -231,11 +233,15 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 		cfg:      cfg,
 		clock:    cfg.Clock,
 		sweepNow: make(chan struct{}, 1),
+		states:   newStates(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter,
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: Name}),
 	}
 	if c.clock == nil {
 		c.clock = clock.RealClock{}
+	}
+	if cfg.Metrics != nil {
+		cfg.Metrics.states.Store(c.states)
 	}
 	if cfg.Tracer != nil {
 		c.queueTimes = &queueTimes{at: map[string]time.Time{}}
@@ -253,7 +259,7 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 		},
 		DeleteFunc: func(obj any) {
 			if key, err := cacheKey(obj); err == nil {
-				c.cfg.Metrics.forget(key)
+				c.states.forget(key)
 			}
 			c.enqueue(logger, obj)
 		},
@@ -286,10 +292,13 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 	utilruntime.HandleErrorWithLogger(logger, nil, "Not a Student; ignored", "type", fmt.Sprintf("%T", obj))
 }
 
-// observeEvent starts or stops the sync latency's clock of a cached Student.
+// observeEvent starts or stops the sync latency's clock of a cached Student, as a
+// watch event shows it. An observed Student's sync is done once its status is at its
+// generation, drifted or not.
 func (c *Controller) observeEvent(obj any) {
 	if s, ok := obj.(*cachedStudent); ok && s != nil {
-		c.cfg.Metrics.observeEvent(s, c.clock.Now())
+		reported := s.isReady() || (s.isObserved() && s.observedGeneration == s.generation)
+		c.states.generations.seen(s.key, s.generation, reported, s.isPaused() || s.deleting(), c.clock.Now())
 	}
 }
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"go.opentelemetry.io/otel/trace"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,8 +27,8 @@ type Metrics struct {
 	undone            *prometheus.CounterVec
 	malformedRows     prometheus.Gauge
 	registryAhead     prometheus.Counter
-	notReady          prometheus.Gauge
-	drifted           prometheus.Gauge
+	notReady          prometheus.GaugeFunc
+	drifted           prometheus.GaugeFunc
 	paused            prometheus.GaugeFunc
 	pausedOldest      prometheus.GaugeFunc
 	plannedActions    *prometheus.GaugeVec
@@ -36,16 +36,8 @@ type Metrics struct {
 	fenceWaiting      prometheus.Gauge
 	syncLatency       prometheus.Histogram
 
-	// generations are the clocks of syncLatency.
-	generations newGenerations
-
-	// notReadyKeys are the Students whose last sync left them not Ready: only those,
-	// so that the set costs nothing while all is well. pausedSince are the paused
-	// Students, with the time their Synced=False condition says they were paused.
-	mu           sync.Mutex
-	notReadyKeys map[string]struct{}
-	driftedKeys  map[string]struct{}
-	pausedSince  map[string]time.Time
+	// states are the controller's, which the gauges of Students read.
+	states atomic.Pointer[states]
 }
 
 // Results of a reconcile, the label of the reconcile metrics.
@@ -112,14 +104,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "student_controller_registry_rows_ahead_total",
 			Help: "Registry rows found at a newer generation than their Student on the API server (the cluster went back in time, as after an etcd restore) and written to follow the Student again.",
 		}),
-		notReady: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "student_controller_students_not_ready",
-			Help: "Students whose last sync left them not Ready (invalid spec, registry error, row owned elsewhere); deleted Students, and observed Students whose row drifted (student_controller_students_drifted), are not counted.",
-		}),
-		drifted: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "student_controller_students_drifted",
-			Help: "Observed Students (spec.management: Observe) whose registry row differs from their spec, as their last sync found it; the controller does not write them.",
-		}),
 		plannedActions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "student_controller_dry_run_planned_actions",
 			Help: "With --dry-run: what the last plan lists, by action (add-finalizer, create, update, restore, delete, release, finalize, refuse, drifted), as student-controller plan does; nothing is done.",
@@ -137,19 +121,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from the watch event that brings a Student's new generation (a create, a spec change) to its registry row written and its status reported Ready at that generation: what a user waits for. A newer generation that arrives first restarts the clock; paused and deleted Students are not timed.",
 			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60},
 		}),
-		notReadyKeys: map[string]struct{}{},
-		driftedKeys:  map[string]struct{}{},
-		pausedSince:  map[string]time.Time{},
 	}
+	m.notReady = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "student_controller_students_not_ready",
+		Help: "Students whose last sync left them not Ready (invalid spec, registry error, row owned elsewhere); deleted Students, and observed Students whose row drifted (student_controller_students_drifted), are not counted.",
+	}, func() float64 { n, _, _, _ := m.counts(); return float64(n) })
+	m.drifted = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "student_controller_students_drifted",
+		Help: "Observed Students (spec.management: Observe) whose registry row differs from their spec, as their last sync found it; the controller does not write them.",
+	}, func() float64 { _, n, _, _ := m.counts(); return float64(n) })
 	m.paused = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "student_controller_students_paused",
 		Help: "Students that the annotation bolingcavalry.k8s.io/paused holds still: nothing is written for them.",
-	}, func() float64 { n, _ := m.pausedStats(); return float64(n) })
+	}, func() float64 { _, _, n, _ := m.counts(); return float64(n) })
 	m.pausedOldest = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "student_controller_students_paused_oldest_timestamp_seconds",
 		Help: "When the Student paused longest was paused (its Synced condition's lastTransitionTime), in seconds since the epoch; 0 when none is paused.",
 	}, func() float64 {
-		if _, oldest := m.pausedStats(); !oldest.IsZero() {
+		if _, _, _, oldest := m.counts(); !oldest.IsZero() {
 			return float64(oldest.Unix())
 		}
 		return 0
@@ -249,102 +238,20 @@ func (m *Metrics) observeSync(result string, took time.Duration) {
 	m.reconcileDuration.WithLabelValues(result).Observe(took.Seconds())
 }
 
-// observeReady records whether the Student of key is Ready after its sync.
-func (m *Metrics) observeReady(key string, ready bool) {
+// counts are the states' counts (states.counts), zero before a controller is made.
+func (m *Metrics) counts() (notReady, drifted, paused int, oldest time.Time) {
+	if st := m.states.Load(); st != nil {
+		return st.counts()
+	}
+	return 0, 0, 0, time.Time{}
+}
+
+// observeLatency records the sync latency of a Student reported Ready.
+func (m *Metrics) observeLatency(took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if ready {
-		delete(m.notReadyKeys, key)
-	} else {
-		m.notReadyKeys[key] = struct{}{}
-	}
-	m.notReady.Set(float64(len(m.notReadyKeys)))
-}
-
-// observeDrifted records whether the Student of key is observed and drifted after its
-// sync.
-func (m *Metrics) observeDrifted(key string, drifted bool) {
-	if m == nil {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if drifted {
-		m.driftedKeys[key] = struct{}{}
-	} else {
-		delete(m.driftedKeys, key)
-	}
-	m.drifted.Set(float64(len(m.driftedKeys)))
-}
-
-// forget drops a Student that is gone or being deleted from the not-Ready and drifted
-// counts and the clocks of the sync latency, and a Student that is gone from the
-// paused ones.
-func (m *Metrics) forget(key string) {
-	m.observeReady(key, true)
-	m.observeDrifted(key, false)
-	m.observeUnpaused(key)
-	if m != nil {
-		m.generations.forget(key)
-	}
-}
-
-// observeEvent starts or stops the sync latency's clock of a Student as a watch event
-// shows it, at now.
-func (m *Metrics) observeEvent(s *cachedStudent, now time.Time) {
-	if m == nil {
-		return
-	}
-	// An observed Student's sync is done once its status is at its generation, drifted
-	// or not.
-	reported := s.isReady() || (s.isObserved() && s.observedGeneration == s.generation)
-	m.generations.seen(s.key, s.generation, reported, s.isPaused() || s.deleting(), now)
-}
-
-// observeReported records the sync latency of the Student of key, whose status a sync
-// has just reported Ready at generation, at now.
-func (m *Metrics) observeReported(key string, generation int64, now time.Time) {
-	if m == nil {
-		return
-	}
-	if took, ok := m.generations.reported(key, generation, now); ok {
-		m.syncLatency.Observe(took.Seconds())
-	}
-}
-
-// pausedStats is how many Students are paused, and since when the one paused longest.
-func (m *Metrics) pausedStats() (n int, oldest time.Time) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, since := range m.pausedSince {
-		if oldest.IsZero() || since.Before(oldest) {
-			oldest = since
-		}
-	}
-	return len(m.pausedSince), oldest
-}
-
-// observePaused records that the Student of key is paused, since then.
-func (m *Metrics) observePaused(key string, since time.Time) {
-	if m == nil {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.pausedSince[key] = since
-}
-
-// observeUnpaused records that the Student of key is not paused (or gone).
-func (m *Metrics) observeUnpaused(key string) {
-	if m == nil {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.pausedSince, key)
+	m.syncLatency.Observe(took.Seconds())
 }
 
 // observePlan records a dry run's plan: the count of each action, 0 included.

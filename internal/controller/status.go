@@ -39,12 +39,13 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st 
 	if st.Paused {
 		return c.writePaused(ctx, s, status, now)
 	}
-	c.cfg.Metrics.observeReady(key, st.Ready || st.Reason == studentv1.ReasonDrifted)
+	var drifted *bool
 	if st.Drifted != nil || s.Spec.Management != studentv1.ManagementObserve {
 		// An observed Student's failure (the registry out of reach) keeps what it last
 		// found, as its status does.
-		c.cfg.Metrics.observeDrifted(key, st.Drifted != nil && *st.Drifted)
+		drifted = new(st.Drifted != nil && *st.Drifted)
 	}
+	c.states.synced(key, st.Ready || st.Reason == studentv1.ReasonDrifted, drifted)
 	status.ObservedGeneration = s.Generation
 	if st.Registry == decide.FromRow {
 		status.Registry = registryStatus(row)
@@ -85,7 +86,7 @@ func (c *Controller) writePaused(ctx context.Context, s *studentv1.Student, stat
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: studentv1.ConditionSynced, Status: metav1.ConditionFalse,
 		Reason: studentv1.ReasonPaused, Message: msg, ObservedGeneration: s.Generation, LastTransitionTime: now})
 	since := meta.FindStatusCondition(status.Conditions, studentv1.ConditionSynced).LastTransitionTime.Time
-	c.cfg.Metrics.observePaused(cache.MetaObjectToName(s).String(), since)
+	c.states.paused(cache.MetaObjectToName(s).String(), since)
 	changed, err := c.writeStatus(ctx, s, status)
 	if changed {
 		klog.FromContext(ctx).Info("Student paused: nothing is written for it until the annotation goes", "annotation", studentv1.AnnotationPaused)

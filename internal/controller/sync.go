@@ -37,7 +37,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	cached, ok := c.students.get(namespace, name)
 	if !ok {
 		// Gone: its finalizer saw to its row, or the sweep will.
-		c.cfg.Metrics.forget(key)
+		c.states.forget(key)
 		return nil
 	}
 	// A new object, with the fields the cache keeps: the sync may change it.
@@ -52,9 +52,9 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	}
 	f := c.facts(s)
 	if !(f.Student.Paused && (!f.Student.Deleting || f.Student.Finalizer)) {
-		c.cfg.Metrics.observeUnpaused(key)
+		c.states.unpaused(key)
 		if f.Student.Deleting {
-			c.cfg.Metrics.forget(key)
+			c.states.forget(key)
 		}
 	}
 	return c.syncFacts(ctx, s, f)

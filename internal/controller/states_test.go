@@ -49,7 +49,7 @@ func TestSyncLatency(t *testing.T) {
 		if n, _ := latencies(t, f.metrics); n != 1 {
 			t.Errorf("latency: %d observations after a sync with nothing new; want 1", n)
 		}
-		if running := f.metrics.generations.running(); len(running) != 0 {
+		if running := f.ctrl.states.generations.running(); len(running) != 0 {
 			t.Errorf("clocks still running: %v", running)
 		}
 	})
@@ -57,7 +57,7 @@ func TestSyncLatency(t *testing.T) {
 	t.Run("a spec change starts a clock; a Student that cannot be Ready keeps it until it is deleted", func(t *testing.T) {
 		f := newFixture(t, newStudent("a", withFinalizer, synced(start)))
 		f.ctrl.observeEvent(compactStudent(f.get("school", "a")))
-		if running := f.metrics.generations.running(); len(running) != 0 {
+		if running := f.ctrl.states.generations.running(); len(running) != 0 {
 			t.Fatalf("a Student Ready at its generation started a clock: %v", running)
 		}
 		s := f.get("school", "a")
@@ -71,11 +71,11 @@ func TestSyncLatency(t *testing.T) {
 		if n, _ := latencies(t, f.metrics); n != 0 {
 			t.Errorf("latency observed for a Student that is not Ready")
 		}
-		if running := f.metrics.generations.running(); !slices.Equal(running, []string{"school/a"}) {
+		if running := f.ctrl.states.generations.running(); !slices.Equal(running, []string{"school/a"}) {
 			t.Errorf("clocks running: %v; want school/a's", running)
 		}
-		f.metrics.forget("school/a") // as its deletion does
-		if running := f.metrics.generations.running(); len(running) != 0 {
+		f.ctrl.states.forget("school/a") // as its deletion does
+		if running := f.ctrl.states.generations.running(); len(running) != 0 {
 			t.Errorf("clocks still running after the Student went: %v", running)
 		}
 	})

@@ -11,6 +11,78 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
+// states are what the controller knows of its Students between syncs, which the
+// metrics read: those not Ready after their last sync, those drifted, those paused
+// (since when), and the clocks of the sync latency. Only what is out of line is
+// kept, so that they cost nothing while all is well.
+type states struct {
+	mu          sync.Mutex
+	notReady    map[string]struct{}
+	drifted     map[string]struct{}
+	pausedSince map[string]time.Time
+	generations newGenerations
+}
+
+func newStates() *states {
+	return &states{notReady: map[string]struct{}{}, drifted: map[string]struct{}{}, pausedSince: map[string]time.Time{}}
+}
+
+// synced records whether the Student of key is Ready after its sync and, when known,
+// drifted. A drifted Student counts as drifted, not as not Ready: drift is what
+// observing reports, not a fault.
+func (s *states) synced(key string, ready bool, drifted *bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mark(s.notReady, key, !ready)
+	if drifted != nil {
+		mark(s.drifted, key, *drifted)
+	}
+}
+
+func mark(set map[string]struct{}, key string, in bool) {
+	if in {
+		set[key] = struct{}{}
+	} else {
+		delete(set, key)
+	}
+}
+
+// paused records that the Student of key is paused, since then; unpaused that it is
+// not (or gone).
+func (s *states) paused(key string, since time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pausedSince[key] = since
+}
+
+func (s *states) unpaused(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.pausedSince, key)
+}
+
+// forget drops a Student that is gone or being deleted from the not-Ready and
+// drifted ones and the clocks of the sync latency, and one that is gone from the
+// paused ones.
+func (s *states) forget(key string) {
+	s.synced(key, true, new(false))
+	s.unpaused(key)
+	s.generations.forget(key)
+}
+
+// counts are how many Students are not Ready, drifted and paused, and since when the
+// one paused longest.
+func (s *states) counts() (notReady, drifted, paused int, oldest time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, since := range s.pausedSince {
+		if oldest.IsZero() || since.Before(oldest) {
+			oldest = since
+		}
+	}
+	return len(s.notReady), len(s.drifted), len(s.pausedSince), oldest
+}
+
 // newGenerations times each Student's new generation from the watch event that
 // brings it to the sync that reports it Ready: the wait a user sees
 // (student_controller_sync_latency_seconds). Each generation has its own clock; a
