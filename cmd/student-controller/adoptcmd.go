@@ -31,10 +31,9 @@ type adoptOptions struct {
 	migrate          bool
 }
 
-// adoptRows runs "student-controller registry adopt": a Student of each row that has
-// none in this cluster, observed, and the row bound to it. It returns the exit code:
-// 2 when rows were left alone (refused or unreadable) or, with --dry-run, would be
-// adopted; 1 on an error; 0 otherwise.
+// adoptRows runs "student-controller registry adopt": it makes an observed Student for
+// each row with none in this cluster and binds the row to it. It returns the exit code:
+// 2 when rows were left alone or (with --dry-run) would be adopted, 1 on error, else 0.
 func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stderr io.Writer) (int, error) {
 	if opts.dryRun && ao.migrate {
 		return 1, errors.New("--dry-run changes nothing, and --migrate would migrate the schema: give one of them")
@@ -46,8 +45,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	if err != nil {
 		return 1, err
 	}
-	// A Student made on a CRD without spec.management would lose Observe, and its row
-	// be written: adopt makes none until the CRD is this version's.
+	// On a CRD without spec.management a Student would lose Observe and its row be written.
 	if err := checkCRD(ctx, opts); err != nil {
 		return 1, err
 	}
@@ -62,8 +60,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 		return 1, err
 	}
 	defer func() { release(); _ = reg.Close() }()
-	// A registry put back in time holds rows of Students deleted since: adopt would
-	// bring them back. It makes none until an operator confirms the registry.
+	// A registry put back in time holds rows of deleted Students: do not revive them.
 	if err := mark.Behind(ctx, kube, markPlace(opts), opts.owner, reg, false); err != nil {
 		return 1, fmt.Errorf("refused: %w", err)
 	}
@@ -165,10 +162,9 @@ type adopter struct {
 	existing   map[string]controller.ClusterStudent
 }
 
-// adopt carries out one action of the plan. The Student is made paused, so that the
-// controller leaves it until its row is bound; then the row is bound (a history row
-// adopted), and the Student let go: its sync finds the row and reports it. A run cut
-// short is finished by the next (the Student names its row's former uid).
+// adopt carries out one plan action. The Student is made paused, so the controller leaves
+// it alone until its row is bound; then the row is bound and the Student unpaused. The next
+// run finishes a run cut short (the Student names its row's former uid).
 func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row registry.Record) error {
 	key := act.Namespace + "/" + act.Name
 	switch act.Action {
@@ -178,8 +174,7 @@ func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row r
 		return a.rebind(ctx, act, row)
 	}
 	if row.Owner == a.owner && row.Management != registry.ManagementObserve {
-		// The owner's row whose Student is gone: a running controller's sweep takes it
-		// for an orphan until it is bound. Marked observed, the sweep leaves it.
+		// Until bound, the sweep takes this row for an orphan; an observed row it leaves.
 		if err := a.reg.MarkObserved(ctx, row.UID, a.owner); err != nil {
 			return fmt.Errorf("mark the row observed: %w", err)
 		}
@@ -193,7 +188,7 @@ func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row r
 	}
 	s := &studentv1.Student{}
 	if prior, ok := a.existing[key]; ok && prior.AdoptedFrom == row.UID {
-		// Made by a run that was cut short before it bound the row.
+		// Made by a run cut short before it bound the row.
 		got, err := a.students.BolingcavalryV1().Students(act.Namespace).Get(ctx, act.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -219,9 +214,8 @@ func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row r
 	return a.unpause(ctx, act.Namespace, act.Name)
 }
 
-// rebind binds the row again to the Student that names it, as it stands (its
-// management, generation and policy), and asks the controller to sync it: it had
-// refused the Student, which nothing else brings back.
+// rebind binds the row again to the Student that names it, as the Student stands, and asks
+// for a sync: nothing else brings back a Student the controller refused.
 func (a *adopter) rebind(ctx context.Context, act controller.PlannedAction, row registry.Record) error {
 	s, err := a.students.BolingcavalryV1().Students(act.Namespace).Get(ctx, act.Name, metav1.GetOptions{})
 	if err != nil {
@@ -243,8 +237,7 @@ func (a *adopter) rebind(ctx context.Context, act controller.PlannedAction, row 
 	return nil
 }
 
-// unpause lets the controller sync an adopted Student: its paused annotation goes, and
-// the one that marks it as adopt's, so that a later run never unpauses it.
+// unpause drops the paused and adopted-from annotations, so no later run unpauses it again.
 func (a *adopter) unpause(ctx context.Context, namespace, name string) error {
 	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null,%q:null}}}`, studentv1.AnnotationPaused, controller.AnnotationAdoptedFrom)
 	if _, err := a.students.BolingcavalryV1().Students(namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {

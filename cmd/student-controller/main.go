@@ -1,5 +1,4 @@
-// Command student-controller keeps a student registry (a SQL database) in line with
-// the Student objects of a Kubernetes cluster.
+// Command student-controller keeps a student registry (SQL) in line with Student objects.
 package main
 
 import (
@@ -13,8 +12,7 @@ import (
 	"syscall"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the PostgreSQL driver for postgres: registry URLs
-	// Root certificates for a PostgreSQL server's TLS (sslmode=verify-full) when the
-	// system has none, as in the image, whose base is empty: used only then.
+	// Fallback root certificates for PostgreSQL TLS: the image's empty base has none.
 	_ "golang.org/x/crypto/x509roots/fallback"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
@@ -23,12 +21,9 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-// defaultGOGC is the garbage collector's target when the environment sets no GOGC.
-// Most of the controller's heap is its cache of Students, which lives as long as they
-// do. Go's default, 100, lets the heap grow to twice what is live before it collects;
-// 50 lets it grow by half, at a CPU cost within the run-to-run spread
-// (bench/results/history.md). GOGC in the environment overrides it; GOMEMLIMIT, set from
-// the container's memory limit in config/manager, applies either way.
+// defaultGOGC is the GC target when GOGC is unset. Most of the heap is the long-lived
+// Student cache, so 50 (grow by half, not double) saves memory at a CPU cost within noise
+// (bench/results/history.md). GOMEMLIMIT, set in config/manager, applies either way.
 const defaultGOGC = 50
 
 func main() {
@@ -63,10 +58,8 @@ func main() {
 		os.Exit(2)
 	}
 	if opts.pprofAddr == "0" {
-		// Nobody can read a heap profile, so do not sample one: the runtime keeps a
-		// record per sampled call stack for the life of the process
-		// (bench/results/history.md). Go does the same for programs that do not link
-		// the profiler.
+		// Without pprof nobody reads a heap profile, and the runtime keeps each sampled
+		// stack for the life of the process (bench/results/history.md).
 		runtime.MemProfileRate = 0
 	}
 
@@ -86,10 +79,8 @@ func main() {
 	klog.Flush()
 }
 
-// addLoggingFlags adds the logging flags of Kubernetes' own components
-// (k8s.io/component-base/logs), as kube-controller-manager has them: -v, --vmodule,
-// --logging-format (text, the default, or json), --log-flush-frequency and the alpha
-// stream options. It returns the configuration they fill, for logsapi.ValidateAndApply.
+// addLoggingFlags adds the component-base logging flags, as kube-controller-manager has
+// them, and returns the configuration they fill, for logsapi.ValidateAndApply.
 func addLoggingFlags(fs *flag.FlagSet) *logsapi.LoggingConfiguration {
 	c := logsapi.NewLoggingConfiguration()
 	logsapi.AddGoFlags(c, fs)

@@ -159,16 +159,14 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"Address of Go's /debug/pprof/ profiling endpoints, e.g. 127.0.0.1:6060; 0 (the default) turns them off. They are not authenticated: bind them to localhost. The heap profile is sampled only while they are on.")
 }
 
-// addCommandFlags adds the flags of the controller's own command line: addFlags', and
-// --version (which the registry subcommands do not take).
+// addCommandFlags adds addFlags' flags and --version, which the registry subcommands lack.
 func (o *options) addCommandFlags(fs *flag.FlagSet) {
 	o.addFlags(fs)
 	fs.BoolVar(&o.version, "version", false, "Print the version and exit.")
 }
 
-// registryPassword reads the password from --registry-password-file, else from
-// REGISTRY_PASSWORD; nil when neither gives one. The file is read for every new
-// connection, so a rotated Secret takes effect without a restart.
+// registryPassword reads --registry-password-file, else REGISTRY_PASSWORD; nil for neither.
+// The file is read per connection, so a rotated Secret applies without a restart.
 func (o *options) registryPassword() func() (string, error) {
 	if file := o.passwordFile; file != "" {
 		return func() (string, error) {
@@ -185,19 +183,15 @@ func (o *options) registryPassword() func() (string, error) {
 	return nil
 }
 
-// recordSet notes which flags fs was given (options.set), once fs is parsed: validate
-// tells a flag left at its default from one given that value.
+// recordSet notes which flags parsed fs was given, so validate can tell them from defaults.
 func (o *options) recordSet(fs *flag.FlagSet) {
 	o.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 }
 
-// The resync's default period, and its default with the sweep off. The sweep finds
-// the rows that are missing or differ, every --sweep-interval, with one List; a resync
-// queues every cached Student, and each sync reads its row (at N = 100000 that is
-// 100000 syncs and registry reads). So with the sweep on, the resync is a backstop for
-// what only a sync repairs (a status edited by hand), as rare as controller-runtime's
-// SyncPeriod; with the sweep off, it is what finds drift, as often as it did before.
+// The resync's default period, with the sweep on and off. The sweep finds drift with one
+// List, while a resync syncs every cached Student and reads its row. So with the sweep on
+// the resync is a rare backstop (a status edited by hand); off, it is what finds drift.
 const (
 	resyncPeriod       = 10 * time.Hour
 	resyncWithoutSweep = 10 * time.Minute
@@ -210,8 +204,7 @@ func (o *options) parseRegistry() error {
 	return err
 }
 
-// validate refuses flag combinations that cannot work, and settles what depends on
-// more than one flag (the scope; the resync's default with the sweep off).
+// validate refuses flags that cannot work together and sets what depends on several.
 func (o *options) validate() error {
 	if o.sweepInterval == 0 && !o.set["resync-period"] {
 		o.resyncPeriod = resyncWithoutSweep
@@ -221,83 +214,57 @@ func (o *options) validate() error {
 	if o.scope, err = controller.ParseScope(o.namespace, o.selector); err != nil {
 		errs = append(errs, fmt.Errorf("--namespace or --selector: %w", err))
 	}
-	if o.workers < 1 {
-		errs = append(errs, fmt.Errorf("--workers must be at least 1, got %d", o.workers))
-	}
-	if o.qps <= 0 || o.burst < 1 {
-		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", o.qps, o.burst))
-	}
-	if o.owner == "" {
-		errs = append(errs, errors.New("--registry-owner must not be empty"))
-	}
-	if o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 || o.historyRetention < 0 {
-		errs = append(errs, errors.New("--sweep-interval, --sweep-max-deletions, --resync-period and --history-retention must not be negative"))
-	}
-	if o.lockWait <= 0 {
-		errs = append(errs, fmt.Errorf("--registry-lock-wait must be positive, got %v", o.lockWait))
-	}
-	if o.fenceLease < time.Second {
-		errs = append(errs, fmt.Errorf("--registry-fence-lease must be at least 1s, got %v", o.fenceLease))
-	}
-	if o.maxRewinds < 1 {
-		errs = append(errs, fmt.Errorf("--registry-max-rewinds must be at least 1, got %d", o.maxRewinds))
-	}
-	if o.sweepMaxDeletionPercent < 1 || o.sweepMaxDeletionPercent > 100 {
-		errs = append(errs, fmt.Errorf("--sweep-max-deletion-percent must be within 1 and 100, got %d", o.sweepMaxDeletionPercent))
-	}
 	if err := o.parseRegistry(); err != nil {
 		errs = append(errs, err)
-	}
-	if o.registry.HasPassword() {
-		errs = append(errs, errors.New("--registry holds a password, which would show in the process list, the Pod's spec and "+
-			"the release's values: leave it out of the URL and give it with --registry-password-file (a mounted Secret; the "+
-			"chart's registry.passwordSecret) or the REGISTRY_PASSWORD environment variable"))
-	}
-	sqlite := o.registry.SQLite()
-	if sqlite && o.passwordFile != "" {
-		errs = append(errs, errors.New("--registry-password-file with a SQLite registry: SQLite takes no password"))
-	}
-	if o.sqliteShared && !(sqlite && o.leaderElect) {
-		errs = append(errs, errors.New("--sqlite-shared-file is for --leader-elect with a SQLite registry"))
-	}
-	if o.set["tracing-sampling-rate-per-million"] && o.tracingEndpoint == "" {
-		errs = append(errs, errors.New("--tracing-sampling-rate-per-million without --tracing-endpoint does nothing"))
-	}
-	if o.tracingSamplingRate < 1 || o.tracingSamplingRate > 1000000 {
-		errs = append(errs, fmt.Errorf("--tracing-sampling-rate-per-million must be within 1 and 1000000, got %d", o.tracingSamplingRate))
 	}
 	if o.tracingEndpoint != "" {
 		if invalid := tracingv1.ValidateTracingConfiguration(o.tracingConfig(), nil, field.NewPath("tracing")); len(invalid) > 0 {
 			errs = append(errs, fmt.Errorf("--tracing-endpoint: %w", invalid.ToAggregate()))
 		}
 	}
-	if o.metricsSecure && o.metricsAddr == "0" {
-		errs = append(errs, errors.New("--metrics-secure with --metrics-bind-address=0: there is no metrics endpoint to secure"))
-	}
-	if !o.leaderElect {
-		// The Lease's namespace and name also place the registry's mark: kept.
-		for _, name := range []string{"leader-elect-lease-duration", "leader-elect-renew-deadline", "leader-elect-retry-period"} {
-			if o.set[name] {
-				errs = append(errs, fmt.Errorf("--%s without --leader-elect does nothing", name))
-			}
+	sqlite := o.registry.SQLite()
+	for _, c := range []struct {
+		bad bool
+		err error
+	}{
+		{o.workers < 1, fmt.Errorf("--workers must be at least 1, got %d", o.workers)},
+		{o.qps <= 0 || o.burst < 1, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", o.qps, o.burst)},
+		{o.owner == "", errors.New("--registry-owner must not be empty")},
+		{o.sweepInterval < 0 || o.sweepMaxDeletions < 0 || o.resyncPeriod < 0 || o.historyRetention < 0,
+			errors.New("--sweep-interval, --sweep-max-deletions, --resync-period and --history-retention must not be negative")},
+		{o.lockWait <= 0, fmt.Errorf("--registry-lock-wait must be positive, got %v", o.lockWait)},
+		{o.fenceLease < time.Second, fmt.Errorf("--registry-fence-lease must be at least 1s, got %v", o.fenceLease)},
+		{o.maxRewinds < 1, fmt.Errorf("--registry-max-rewinds must be at least 1, got %d", o.maxRewinds)},
+		{o.sweepMaxDeletionPercent < 1 || o.sweepMaxDeletionPercent > 100,
+			fmt.Errorf("--sweep-max-deletion-percent must be within 1 and 100, got %d", o.sweepMaxDeletionPercent)},
+		{o.registry.HasPassword(), errors.New("--registry holds a password, which would show in the process list, the Pod's spec and " +
+			"the release's values: leave it out of the URL and give it with --registry-password-file (a mounted Secret; the " +
+			"chart's registry.passwordSecret) or the REGISTRY_PASSWORD environment variable")},
+		{sqlite && o.passwordFile != "", errors.New("--registry-password-file with a SQLite registry: SQLite takes no password")},
+		{o.sqliteShared && !(sqlite && o.leaderElect), errors.New("--sqlite-shared-file is for --leader-elect with a SQLite registry")},
+		{o.set["tracing-sampling-rate-per-million"] && o.tracingEndpoint == "",
+			errors.New("--tracing-sampling-rate-per-million without --tracing-endpoint does nothing")},
+		{o.tracingSamplingRate < 1 || o.tracingSamplingRate > 1000000,
+			fmt.Errorf("--tracing-sampling-rate-per-million must be within 1 and 1000000, got %d", o.tracingSamplingRate)},
+		{o.metricsSecure && o.metricsAddr == "0", errors.New("--metrics-secure with --metrics-bind-address=0: there is no metrics endpoint to secure")},
+		// The Lease's namespace and name also place the registry's mark: allowed.
+		{!o.leaderElect && o.set["leader-elect-lease-duration"], errors.New("--leader-elect-lease-duration without --leader-elect does nothing")},
+		{!o.leaderElect && o.set["leader-elect-renew-deadline"], errors.New("--leader-elect-renew-deadline without --leader-elect does nothing")},
+		{!o.leaderElect && o.set["leader-elect-retry-period"], errors.New("--leader-elect-retry-period without --leader-elect does nothing")},
+		{o.leaderElect && sqlite && !o.sqliteShared, errors.New("--leader-elect with a SQLite registry: replicas with a file each would split the registry. " +
+			"Run one replica without --leader-elect, use PostgreSQL, or say --sqlite-shared-file if every replica opens the same file")},
+		{o.maxOpenConns < 0 || o.maxIdleConns < 0 || o.connMaxLifetime <= 0, errors.New("--registry-max-open-conns and --registry-max-idle-conns " +
+			"must not be negative (0 takes the database's default), --registry-conn-max-lifetime must be positive")},
+		{o.rateLimiter != "external-io" && o.rateLimiter != "client-go",
+			fmt.Errorf("--workqueue-rate-limiter must be external-io or client-go, got %q", o.rateLimiter)},
+		{o.syncTimeout <= 0 || o.shutdownTimeout <= 0, errors.New("--sync-timeout and --shutdown-timeout must be positive")},
+		{o.leaderElect && !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0),
+			fmt.Errorf("leader election needs --leader-elect-lease-duration (%v) > --leader-elect-renew-deadline (%v) > --leader-elect-retry-period (%v) > 0",
+				o.leaseDuration, o.renewDeadline, o.retryPeriod)},
+	} {
+		if c.bad {
+			errs = append(errs, c.err)
 		}
-	}
-	if o.leaderElect && sqlite && !o.sqliteShared {
-		errs = append(errs, errors.New("--leader-elect with a SQLite registry: replicas with a file each would split the registry. "+
-			"Run one replica without --leader-elect, use PostgreSQL, or say --sqlite-shared-file if every replica opens the same file"))
-	}
-	if o.maxOpenConns < 0 || o.maxIdleConns < 0 || o.connMaxLifetime <= 0 {
-		errs = append(errs, errors.New("--registry-max-open-conns and --registry-max-idle-conns must not be negative (0 takes the database's default), --registry-conn-max-lifetime must be positive"))
-	}
-	if o.rateLimiter != "external-io" && o.rateLimiter != "client-go" {
-		errs = append(errs, fmt.Errorf("--workqueue-rate-limiter must be external-io or client-go, got %q", o.rateLimiter))
-	}
-	if o.syncTimeout <= 0 || o.shutdownTimeout <= 0 {
-		errs = append(errs, errors.New("--sync-timeout and --shutdown-timeout must be positive"))
-	}
-	if o.leaderElect && !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0) {
-		errs = append(errs, fmt.Errorf("leader election needs --leader-elect-lease-duration (%v) > --leader-elect-renew-deadline (%v) > --leader-elect-retry-period (%v) > 0",
-			o.leaseDuration, o.renewDeadline, o.retryPeriod))
 	}
 	return errors.Join(errs...)
 }

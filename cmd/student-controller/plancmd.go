@@ -98,8 +98,7 @@ type planReport struct {
 	Cluster  string `json:"cluster"`
 	// Scope is the controller's --namespace and --selector, for people.
 	Scope string `json:"scope"`
-	// NoSchema says the registry has no schema yet: the controller makes it when it
-	// first starts, and every row is new.
+	// NoSchema says the registry has no schema yet, so every row is new.
 	NoSchema bool `json:"noSchema,omitempty"`
 }
 
@@ -136,8 +135,7 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	return report, err
 }
 
-// commandClients are the clients of a subcommand that reads the cluster (--kubeconfig,
-// --master, the client's rate limits), and the cluster's identity.
+// commandClients returns a subcommand's cluster clients and the cluster's identity.
 func commandClients(ctx context.Context, opts options) (kubernetes.Interface, versioned.Interface, string, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
 	if err != nil {
@@ -172,8 +170,7 @@ func checkCRD(ctx context.Context, opts options) error {
 	return controller.CheckCRD(ctx, client)
 }
 
-// listStudents lists the Students of scope, as the controller's informers ask for
-// them: the API server filters by namespace and labels.
+// listStudents lists the Students of scope, filtered by the API server like the informers.
 func listStudents(ctx context.Context, client versioned.Interface, scope controller.Scope) ([]*studentv1.Student, error) {
 	namespaces := scope.Namespaces
 	if len(namespaces) == 0 {
@@ -255,8 +252,7 @@ type readOnlyRegistry interface {
 	String() string
 }
 
-// noSchema is a registry without a schema yet (a new database, a SQLite file not yet
-// made): it holds no rows, and the controller makes the schema when it first starts.
+// noSchema is a registry with no schema yet (a new database or SQLite file): no rows.
 type noSchema struct{ display string }
 
 func (noSchema) Get(context.Context, string) (registry.Record, error) {

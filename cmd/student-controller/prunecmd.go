@@ -22,13 +22,10 @@ type pruneOptions struct {
 	migrate bool
 }
 
-// pruneRows runs "student-controller registry prune": the one explicit delete of rows
-// that absence released. It lists the rows the owner released without their Students
-// while they recorded the Delete policy, keeps those whose Student the API server has
-// (its controller takes them back), and with --yes deletes the rest, holding the
-// owner's write fence; past --max-prunes it deletes none. While the registry is behind
-// the cluster's mark (it went back in time) it refuses. It returns the exit code: 2
-// when rows would be pruned (no --yes) or the bound refused them, 0 otherwise.
+// pruneRows runs "student-controller registry prune", the one explicit delete of rows
+// released for absence: rows released without their Students under the Delete policy,
+// whose Students are still gone. With --yes it deletes them under the owner's write fence.
+// Exit code: 2 when rows would be pruned (no --yes) or --max-prunes refused them, else 0.
 func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Writer) (int, error) {
 	kube, students, cluster, err := commandClients(ctx, opts)
 	if err != nil {
@@ -49,8 +46,7 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Wri
 	if err := reg.CheckBinding(ctx, opts.owner, cluster); err != nil {
 		return 1, err
 	}
-	// A registry put back in time holds rows whose policy the cluster changed since:
-	// nothing is pruned on its word until an operator confirms it.
+	// A registry put back in time may record stale policies: prune nothing until confirmed.
 	if err := mark.Behind(ctx, kube, markPlace(opts), opts.owner, reg, true); err != nil {
 		return 1, fmt.Errorf("refused: %w", err)
 	}
@@ -111,8 +107,7 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Wri
 	return 0, nil
 }
 
-// studentThere asks the API server whether the Student of row is there: of its
-// namespace, name and uid.
+// studentThere asks the API server whether row's Student (namespace, name, uid) exists.
 func studentThere(ctx context.Context, client versioned.Interface, row registry.Record) (bool, error) {
 	s, err := client.BolingcavalryV1().Students(row.Namespace).Get(ctx, row.Name, metav1.GetOptions{})
 	switch {

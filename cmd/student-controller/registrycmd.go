@@ -24,52 +24,20 @@ const registryUsage = `Usage:
   student-controller registry prune --registry URL --registry-owner OWNER --registry-mark-namespace NS
       [--leader-elect-id LEASE] [--kubeconfig FILE] [--namespace NS,...] [--max-prunes N] [--yes] [--migrate]
 
-move-cluster binds an owner's rows to the cluster that --kubeconfig reaches, where the
-registry binds them to CLUSTER now (the UID that the refusing controller printed). A
-controller refuses to write for an owner bound to another cluster; this is the one
-way to hand the rows over, for a rebuilt cluster or a registry moved with its data.
+  move-cluster  binds OWNER's rows to the cluster --kubeconfig reaches, where the registry binds them to
+                CLUSTER now (the UID a refusing controller printed): a rebuilt cluster, a moved registry.
+  rename-owner  gives every row of OWNER, and its cluster binding, to NEW, which must own nothing yet.
+  backup        copies a SQLite registry to FILE, which must not exist, while controllers write.
+  adopt         makes an observed Student of each row that has none in this cluster (released rows,
+                rows of gone Students, rows another system inserted); --dry-run lists them.
+  prune         deletes the rows OWNER released without their Students while they recorded Delete;
+                only with --yes, and never while the registry is behind the cluster's mark.
 
-rename-owner gives every row of OWNER, and its cluster binding, to NEW, which must own
-nothing yet; then start the controller with --registry-owner NEW. Stop the
-controllers of OWNER first: the rows they own are no longer theirs afterwards.
-
-Both print what they change, and change nothing else. A registry whose schema is older
-than this program's is refused unless --migrate says to migrate it first: controllers
-of the older version then refuse the registry, so stop them first.
-
-Every subcommand that writes (move-cluster, rename-owner, adopt, prune --yes) takes
-the owner's write fence first and holds it while it writes: while a controller of
-the owner runs, it refuses and names it. Scale the controller to zero first.
-
-adopt makes a Student of each row that has none in this cluster: released rows, rows
-of OWNER whose Students are gone (a rebuilt cluster, after move-cluster), and rows
-another system inserted (uid, namespace, name, student_name and school are enough).
-Each Student takes its namespace, name and spec from the row, its deletion policy too
-(Orphan when the row records none), and is observed (spec.management: Observe): the
-controller compares the row and never writes it until the Student is switched to
-Manage. The row is bound to the new Student and OWNER, with a history row "adopted".
-Rows of another owner, rows whose namespace and name a Student of another uid holds,
-and rows that cannot be Students are left alone and listed; so are rows in namespaces
-that do not exist, unless --create-namespaces. Past --max-adoptions rows to adopt, it
-adopts none. --dry-run lists what it would do and changes nothing. Exit status: 2 when
-rows were left alone (refused or unreadable) or, with --dry-run, would be adopted; 1 on
-an error; 0 otherwise. A second run adopts nothing new, and finishes what a run cut
-short left. Run it before the controller starts on a
-rebuilt cluster: until then its sweep takes OWNER's rows without Students for orphans.
-
-prune deletes rows that OWNER released because their Students were not found (the
-sweep never deletes on absence) while they recorded the Delete policy: the rows a
-finalizer would have deleted. It asks the API server for each and keeps those whose
-Student is there. Without --yes it lists them and changes nothing; past --max-prunes
-rows (100) it deletes none. It reads the registry's mark that the cluster keeps (the
-ConfigMap LEASE-registry-mark in --registry-mark-namespace) and refuses when it cannot
-find it, or the registry is behind it (put back in time, not yet confirmed). Exit status: 2
-when rows would be pruned, or were refused; 1 on an error; 0 otherwise. Back up the
-registry first.
-
-backup copies a SQLite registry to FILE, which must not exist, while controllers go on
-writing: rows and history of one moment. It changes nothing. A PostgreSQL registry is
-backed up with pg_dump (docs/backup-and-restore.md).
+Every subcommand that writes takes the owner's write fence first, and refuses while a
+controller of the owner holds it: scale the controller to zero first. A registry whose
+schema is older than this program's is refused unless --migrate. adopt and prune exit
+2 when rows were left alone or would change, 1 on an error, 0 otherwise. The task
+pages: docs/adopt.md, docs/backup-and-restore.md, docs/operating.md.
 `
 
 // registryFlags are the registry subcommands' own flags, beside the controller's.
@@ -93,8 +61,7 @@ func (rf *registryFlags) add(fs *flag.FlagSet) {
 	fs.StringVar(&rf.adopt.output, "o", "table", "adopt: output format, table or json.")
 }
 
-// registryCommand runs "student-controller registry ...": explicit, one-off changes to
-// what the registry records about its owners. It returns the process's exit code.
+// registryCommand runs "student-controller registry ..." and returns the exit code.
 func registryCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner" && args[0] != "backup" && args[0] != "adopt" && args[0] != "prune") {
 		fmt.Fprint(stderr, registryUsage)
@@ -109,45 +76,35 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	from, to, migrate, po, ao := &rf.from, &rf.to, &rf.migrate, rf.prune, rf.adopt
-	if err := opts.parseRegistry(); err != nil {
-		fmt.Fprintf(stderr, "student-controller registry %s: %v\n", args[0], err)
-		return 1
-	}
-	var err error
+	err := opts.parseRegistry()
+	rf.adopt.migrate, rf.prune.migrate = rf.migrate, rf.migrate
 	switch {
+	case err != nil:
 	case fs.NArg() > 0:
 		fmt.Fprint(stderr, registryUsage)
 		return 2
-	case args[0] == "backup" && *to != "" && !*migrate:
-		err = backup(ctx, opts, *to, stdout)
+	case args[0] == "backup" && rf.to != "" && !rf.migrate:
+		err = backup(ctx, opts, rf.to, stdout)
 	case opts.owner == "":
 		fmt.Fprint(stderr, registryUsage)
 		return 2
-	case args[0] == "move-cluster" && *from != "":
-		err = moveCluster(ctx, opts, *from, *migrate, stdout)
-	case args[0] == "rename-owner" && *to != "":
-		err = renameOwner(ctx, opts, *to, *migrate, stdout)
-	case args[0] == "adopt" && (ao.output == "table" || ao.output == "json"):
+	case args[0] == "move-cluster" && rf.from != "":
+		err = moveCluster(ctx, opts, rf.from, rf.migrate, stdout)
+	case args[0] == "rename-owner" && rf.to != "":
+		err = renameOwner(ctx, opts, rf.to, rf.migrate, stdout)
+	case args[0] == "adopt" && (rf.adopt.output == "table" || rf.adopt.output == "json"), args[0] == "prune":
 		if opts.scope, err = controller.ParseScope(opts.namespace, ""); err != nil {
 			break
 		}
-		ao.migrate = *migrate
-		var code int
 		ctx, cancel := context.WithTimeout(ctx, time.Hour)
 		defer cancel()
-		if code, err = adoptRows(ctx, opts, ao, stdout, stderr); err == nil {
-			return code
-		}
-	case args[0] == "prune":
-		if opts.scope, err = controller.ParseScope(opts.namespace, ""); err != nil {
-			break
-		}
-		po.migrate = *migrate
 		var code int
-		ctx, cancel := context.WithTimeout(ctx, time.Hour)
-		defer cancel()
-		if code, err = pruneRows(ctx, opts, po, stdout); err == nil {
+		if args[0] == "adopt" {
+			code, err = adoptRows(ctx, opts, rf.adopt, stdout, stderr)
+		} else {
+			code, err = pruneRows(ctx, opts, rf.prune, stdout)
+		}
+		if err == nil {
 			return code
 		}
 	default:
@@ -206,11 +163,9 @@ func moveCluster(ctx context.Context, opts options, from string, migrate bool, s
 	return nil
 }
 
-// openFenced opens the registry for a subcommand that writes for opts.owner, and
-// takes and holds the owner's write fence before anything is written, the schema
-// included: its schema as it is, unless migrate says to bring it up to this
-// program's. While a controller of the owner holds the fence it refuses and names it.
-// release gives the fence back; call it before closing the registry.
+// openFenced opens the registry for a subcommand that writes for opts.owner and takes
+// the owner's write fence before any write, a migration included (only with migrate).
+// It refuses, naming the holder, while a controller holds it. Call release before Close.
 func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Registry, func(), error) {
 	reg, err := registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), MigrateLater: true, KeepSchema: !migrate})
 	if err != nil {
@@ -219,8 +174,7 @@ func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Regi
 	fail := func(err error) (*registry.Registry, func(), error) {
 		return nil, nil, errors.Join(err, reg.Close())
 	}
-	// A schema older than the fence's lease has no holder to refuse: it is migrated
-	// (when asked) before the fence is taken, as a controller does.
+	// A schema older than the fence's lease has no holder to refuse: migrate first.
 	lease, err := reg.FenceIsLease(ctx)
 	if err != nil {
 		return fail(err)

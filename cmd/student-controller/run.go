@@ -49,7 +49,7 @@ func run(ctx context.Context, opts options) error {
 	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
 	// Probes first: while the registry is out of reach the Pod is alive and not ready,
-	// rather than a crash loop.
+	// not crash-looping.
 	var watchdog *leaderelection.HealthzAdaptor
 	if opts.leaderElect && !opts.dryRun {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
@@ -85,8 +85,8 @@ func run(ctx context.Context, opts options) error {
 		return err
 	}
 
-	// The informers stop when run returns for any reason, a lost Lease included, not
-	// only on a signal: Shutdown (deferred above, so run after this) waits for them.
+	// The informers stop whenever run returns, a lost Lease included, not only on a
+	// signal; Shutdown (deferred above, so run after this) waits for them.
 	informersCtx, stopInformers := context.WithCancel(ctx)
 	defer stopInformers()
 	wiring.Start(informersCtx)
@@ -111,9 +111,7 @@ func run(ctx context.Context, opts options) error {
 	}, w.work)
 }
 
-// readiness is what /readyz asks: the controller, once made; the controller of the
-// owner that holds the write fence, while this one waits for it; why the CRD is
-// refused, while it is; and the mark's keeper.
+// readiness is what /readyz checks: the controller, the fence holder, the CRD, the keeper.
 type readiness struct {
 	owner                   string
 	ctrl                    atomic.Pointer[controller.Controller]
@@ -150,9 +148,8 @@ func startProbes(ctx context.Context, servers *sync.WaitGroup, opts options, r *
 	return listenAndServe(ctx, servers, probes, "probes")
 }
 
-// startMetrics registers the metrics: controller-runtime's registry already carries
-// client-go's REST client and leader election metrics; the process's, the Go
-// runtime's, the workqueue's and the controller's join it.
+// startMetrics adds the process, Go, workqueue and controller metrics to
+// controller-runtime's registry, which already has client-go's.
 func startMetrics() *controller.Metrics {
 	crmetrics.Registry.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	workqueue.SetProvider(controller.NewWorkqueueMetricsProvider(crmetrics.Registry))
@@ -173,8 +170,7 @@ func startServers(ctx context.Context, servers *sync.WaitGroup, opts options, cf
 	return serveMetrics(ctx, servers, opts, cfg)
 }
 
-// newKeeper is the keeper of the registry's mark in the cluster: nil in a dry run, or
-// where there is no namespace to keep it in.
+// newKeeper is the keeper of the registry's mark: nil in a dry run or with no namespace.
 func newKeeper(ctx context.Context, opts options, client kubernetes.Interface, reg *registry.Registry, metrics *controller.Metrics) *mark.Keeper {
 	place := markPlace(opts)
 	switch {
@@ -188,9 +184,8 @@ func newKeeper(ctx context.Context, opts options, client kubernetes.Interface, r
 	return &mark.Keeper{Client: client, Place: place, Owner: opts.owner, Registry: reg, Gauge: metrics, Pod: podReference()}
 }
 
-// startController makes the controller and its informers, and what stops its tracing.
-// With leader election the gate is the elector's; without, it always says yes; in a
-// dry run, always no.
+// startController makes the controller, its informers and its tracing's stop. The gate is
+// the elector's (always open without leader election); a dry run's always refuses.
 func startController(ctx context.Context, opts options, cfg *rest.Config, reg controller.Registry, cluster string,
 	metrics *controller.Metrics, keeper *mark.Keeper, gate *leader.Gate) (*controller.Wiring, func(), error) {
 	rateLimiter := controller.DefaultRateLimiter()
@@ -248,13 +243,11 @@ type writer struct {
 	probes  *readiness
 }
 
-// work writes until ctx ends. It starts with the owner's write fence, held while the
-// controller works and given back when it stops: meanwhile another controller of the
-// owner waits, and a former writer's late write (a paused leader's, one that waited
-// on a lock) is rolled back.
+// work writes until ctx ends, holding the owner's write fence throughout: another
+// controller of the owner waits meanwhile, and a late write of a former writer (a paused
+// leader, one that waited on a lock) is rolled back.
 func (w *writer) work(ctx context.Context) error {
-	// Nothing is written, the schema's migration included, while the served CRD
-	// would drop a field of a write.
+	// Write nothing, not even the migration, while the served CRD would drop a field.
 	if !waitForCRD(ctx, w.crds, &w.probes.crdProblem) {
 		return nil
 	}
@@ -293,8 +286,7 @@ func (w *writer) work(ctx context.Context) error {
 	return err
 }
 
-// startKeeper compares the marks before the first sweep, and then keeps the mark
-// while ctx lasts. Until a check succeeds the sweep releases nothing.
+// startKeeper checks the marks before the first sweep, then keeps the mark until ctx ends.
 func (w *writer) startKeeper(ctx context.Context) {
 	if w.keeper == nil {
 		return
@@ -311,16 +303,13 @@ type dryRunGate struct{}
 
 func (dryRunGate) Check() error { return errDryRun }
 
-// leaseNamespace is the leader election Lease's namespace: --leader-elect-namespace,
-// else the Pod's, else kube-system.
+// leaseNamespace is --leader-elect-namespace, else the Pod's namespace, else kube-system.
 func leaseNamespace(opts options) string {
 	return cmp.Or(opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"), metav1.NamespaceSystem)
 }
 
-// markPlace is where the cluster keeps the registry's mark: in --registry-mark-namespace,
-// else the Lease's namespace (with --leader-elect), else the Pod's; named after the
-// Lease (--leader-elect-id), so that the RBAC that names the Lease names it too. No
-// namespace: nowhere (a controller run outside a Pod without leader election).
+// markPlace is the mark's ConfigMap: in --registry-mark-namespace, else the Lease's, else
+// the Pod's namespace; named after the Lease, so the Lease's RBAC names it too.
 func markPlace(opts options) mark.Place {
 	namespace := cmp.Or(opts.markNamespace, opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"))
 	if namespace == "" && opts.leaderElect {
@@ -332,9 +321,8 @@ func markPlace(opts options) mark.Place {
 // crdRetry is how often a controller that found the Student CRD too old reads it again.
 const crdRetry = 10 * time.Second
 
-// waitForCRD returns once the served Student CRD has every field the controller relies
-// on (controller.CheckCRD); false when ctx ends first. Meanwhile problem says why the
-// Pod is not ready.
+// waitForCRD waits until the served CRD has every field the controller relies on; false
+// if ctx ends first. Meanwhile problem says why the Pod is not ready.
 func waitForCRD(ctx context.Context, client dynamic.Interface, problem *atomic.Pointer[string]) bool {
 	logger := klog.FromContext(ctx)
 	said := ""
@@ -359,8 +347,7 @@ func waitForCRD(ctx context.Context, client dynamic.Interface, problem *atomic.P
 	}
 }
 
-// drained runs fn until ctx is done, and then waits for fn to drain, at most
-// --shutdown-timeout.
+// drained runs fn until ctx is done, then waits at most --shutdown-timeout for it to drain.
 func drained(ctx context.Context, opts options, fn func(context.Context) error) error {
 	done := make(chan error, 1)
 	go func() { done <- fn(ctx) }()
@@ -377,8 +364,7 @@ func drained(ctx context.Context, opts options, fn func(context.Context) error) 
 	}
 }
 
-// podReference names the controller's own Pod, from the downward API, so that
-// controller-wide Events (a refused sweep) show on it; nil outside a cluster.
+// podReference is the controller's own Pod (downward API), for controller-wide Events.
 func podReference() *corev1.ObjectReference {
 	name, namespace := os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	if name == "" || namespace == "" {
@@ -389,9 +375,8 @@ func podReference() *corev1.ObjectReference {
 	}
 }
 
-// open opens the registry: to write (writable; work makes it this controller's once it
-// leads), or read-only for --dry-run (a dryRunRegistry; writable nil); and the cluster
-// the controller works in, and what closes it. A nil registry and no error when ctx ends first.
+// open opens the registry, read-only as a dryRunRegistry for --dry-run (writable nil), and
+// returns the cluster ID and a closer; a nil registry and no error if ctx ends first.
 func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (reg interface {
 	controller.Registry
 	String() string
@@ -419,8 +404,7 @@ func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (r
 	return r, r, cluster, r.Close, nil
 }
 
-// clusterID names the cluster a client reaches: the UID of its kube-system namespace,
-// which lives as long as the cluster does.
+// clusterID is the UID of kube-system, which lives as long as the cluster does.
 func clusterID(ctx context.Context, client kubernetes.Interface) (string, error) {
 	ns, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
 	if err != nil {

@@ -22,12 +22,10 @@ import (
 	"github.com/student-controller/student-controller/internal/metricsauth"
 )
 
-// serveMetrics serves the Prometheus registry: plain HTTP, or with --metrics-secure
-// HTTPS where the API server authenticates and authorizes each caller.
+// serveMetrics serves /metrics over HTTP, or HTTPS with API-server auth (--metrics-secure).
 func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *rest.Config) error {
 	mo := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure,
-		// Uncompressed: a scrape is small, and gzip would keep a compressor in memory
-		// from one scrape to the next (bench/results/history.md).
+		// No gzip: it keeps a compressor alive between scrapes (bench/results/history.md).
 		HandlerOpts: []func(*promhttp.HandlerOpts){func(o *promhttp.HandlerOpts) { o.DisableCompression = true }},
 	}
 	if opts.metricsSecure {
@@ -56,8 +54,7 @@ func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *re
 	return nil
 }
 
-// listenAndServe binds srv's address now, so that a taken port fails the start, and
-// serves until ctx is done.
+// listenAndServe binds now, so a taken port fails the start, and serves until ctx is done.
 func listenAndServe(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, what string) error {
 	ln, err := net.Listen("tcp", srv.Addr)
 	if err != nil {
@@ -78,12 +75,9 @@ func listenAndServe(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, w
 	return nil
 }
 
-// probeHandler serves /healthz (the process works: with leader election, a leader
-// that can no longer renew its Lease is not healthy) and /readyz (the Student cache
-// has synced). Readiness does not ask the registry: during a database outage every
-// replica would be unready at once, and the PodDisruptionBudget would then block every
-// node drain; the outage shows in the Students' conditions, the metrics and alerts.
-// pprof's cmdline is not served: the command line may hold a registry URL.
+// probeHandler serves /healthz (failing for a leader that cannot renew) and /readyz (the
+// Student cache has synced). Readiness skips the registry: in its outage every replica
+// would be unready at once, and the PodDisruptionBudget would block all node drains.
 func probeHandler(ready func() error, watchdog *leaderelection.HealthzAdaptor) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -105,7 +99,7 @@ func probeHandler(ready func() error, watchdog *leaderelection.HealthzAdaptor) h
 	return mux
 }
 
-// pprofHandler serves Go's profiles under /debug/pprof/, for --pprof-bind-address.
+// pprofHandler serves Go's profiles, but not cmdline: it may hold a registry URL.
 func pprofHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)

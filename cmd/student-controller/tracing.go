@@ -14,11 +14,9 @@ import (
 	"github.com/student-controller/student-controller/internal/controller"
 )
 
-// startTracing returns the tracer provider of --tracing-endpoint, and a function that
-// flushes and stops it; nil when tracing is off. It exports over OTLP (gRPC, no TLS:
-// a collector beside the controller) as kube-apiserver does, through
-// k8s.io/component-base/tracing, and samples --tracing-sampling-rate-per-million of
-// the syncs.
+// startTracing returns the tracer provider for --tracing-endpoint (nil when off) and a
+// function that flushes and stops it. Like kube-apiserver it exports OTLP over gRPC without
+// TLS (to a collector beside it), sampling --tracing-sampling-rate-per-million of syncs.
 func startTracing(ctx context.Context, opts options) (trace.TracerProvider, func(), error) {
 	if opts.tracingEndpoint == "" {
 		return nil, func() {}, nil
@@ -39,8 +37,7 @@ func startTracing(ctx context.Context, opts options) (trace.TracerProvider, func
 	return provider, stop, nil
 }
 
-// tracingConfig is --tracing-endpoint and --tracing-sampling-rate-per-million as
-// kube-apiserver's TracingConfiguration.
+// tracingConfig is the tracing flags as kube-apiserver's TracingConfiguration.
 func (o *options) tracingConfig() *tracingv1.TracingConfiguration {
 	endpoint, rate := o.tracingEndpoint, int32(min(max(o.tracingSamplingRate, 0), 1000000)) // #nosec G115 -- clamped
 	return &tracingv1.TracingConfiguration{Endpoint: &endpoint, SamplingRatePerMillion: &rate}

@@ -12,29 +12,25 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// The actions of an adoption plan (student-controller registry adopt): make an
-// observed Student of a row and bind the row to it (adopt), finish one that a run cut
-// short left paused (finish), bind a row again to the Student that names it (rebind),
-// or leave the row and say why (refuse).
+// Adoption plan actions (student-controller registry adopt): adopt makes an observed
+// Student of a row and binds the row to it; finish completes one a cut-short run left
+// paused; rebind binds a row again to the Student that names it; refuse leaves the row.
 const (
 	PlanAdopt  = "adopt"
 	PlanFinish = "finish"
 	PlanRebind = "rebind"
 )
 
-// AnnotationAdoptedFrom names, on a Student that adopt made, the uid its row had
-// before adopt bound it. While adopt works the Student is also paused: the
-// controller leaves it until its row is bound.
+// AnnotationAdoptedFrom holds, on a Student adopt made, its row's uid before adopt bound
+// it. While adopt works, the Student is also paused, so the controller leaves it alone.
 const AnnotationAdoptedFrom = "bolingcavalry.k8s.io/adopted-from"
 
 // ClusterStudent is what an adoption plan needs of a Student of the cluster.
 type ClusterStudent struct {
 	UID string
-	// RowUID is the uid of the Student's row: its row-uid annotation, or its own uid
-	// (RowUID).
+	// RowUID is its row's uid: its row-uid annotation, or its own uid (RowUID).
 	RowUID string
-	// AdoptedFrom is the Student's AnnotationAdoptedFrom, and Paused whether it is
-	// paused: both, and adopt's run was cut short before the Student was let go.
+	// AdoptedFrom is its AnnotationAdoptedFrom; with Paused too, adopt was cut short.
 	AdoptedFrom string
 	Paused      bool
 }
@@ -46,12 +42,10 @@ type AdoptInput struct {
 	Rows []registry.Record
 	// Students are the cluster's Students, by namespace/name.
 	Students map[string]ClusterStudent
-	// Namespaces are the namespaces that exist; CreateNamespaces says adopt makes the
-	// others.
+	// Namespaces are those that exist; with CreateNamespaces, adopt makes the others.
 	Namespaces       map[string]bool
 	CreateNamespaces bool
-	// Max bounds the rows one run adopts: past it, it adopts none (as the sweep's
-	// guard lets none go).
+	// Max bounds the rows one run adopts: past it, it adopts none (like the sweep's guard).
 	Max int
 }
 
@@ -70,12 +64,11 @@ type AdoptionPlan struct {
 // Changes counts the Students adopt would make or finish.
 func (p AdoptionPlan) Changes() int { return changes(p.Actions) }
 
-// PlanAdoption says what adopt would do with each row: a pure function of its input,
-// as ComputePlan is of a plan's.
+// PlanAdoption says what adopt would do with each row. It is a pure function.
 func PlanAdoption(in AdoptInput) AdoptionPlan {
 	plan := AdoptionPlan{Rows: len(in.Rows), Bound: in.Max}
-	// Two rows or more that name one Student (one deleted with Orphan, made again and
-	// deleted again): which is the Student is the operator's call.
+	// Two or more rows naming one Student (deleted with Orphan, made and deleted again):
+	// which one is the Student is the operator's call.
 	type decision struct{ action, cause string }
 	decisions := make([]decision, len(in.Rows))
 	names := map[string]int{}
@@ -128,10 +121,8 @@ func PlanAdoption(in AdoptInput) AdoptionPlan {
 	return plan
 }
 
-// adoption is the decision for one row: "" when its Student is there (nothing to do),
-// or an action and why. A row's Student is the one of the namespace and name the row
-// records, whose row it is: a row's key is unique in its registry alone (another
-// system's keys), not in the cluster.
+// adoption decides for one row: "" when its Student is there, else an action and why.
+// Its Student must name the row too: row keys are unique per registry, not per cluster.
 func adoption(row registry.Record, in AdoptInput) (string, string) {
 	key := row.Namespace + "/" + row.Name
 	if s, ok := in.Students[key]; ok && s.RowUID == row.UID && (row.StudentUID == s.UID || row.StudentUID == "" && row.UID == s.UID) {
@@ -141,8 +132,7 @@ func adoption(row registry.Record, in AdoptInput) (string, string) {
 		return "", ""
 	}
 	if s, ok := in.Students[key]; ok && s.RowUID == row.UID && s.UID != row.UID && s.AdoptedFrom != row.UID && (row.Owner == "" || row.Owner == in.Owner) {
-		// The Student of this name names the row, which is bound to a Student gone
-		// (made again, or its cluster rebuilt) or to none.
+		// This name's Student names the row, bound to a Student gone (made again) or none.
 		if row.Owner == "" {
 			return PlanRebind, "no owner and no binding (released, written again whole by its system, or put back from an older backup): " +
 				"bound to the Student that names it"
@@ -173,9 +163,8 @@ func adoption(row registry.Record, in AdoptInput) (string, string) {
 	return PlanAdopt, ""
 }
 
-// AdoptedSpec is the spec of the Student that adopt makes of row: its display name and
-// school, its deletion policy (Orphan when it records none: what keeps the row), and
-// observed.
+// AdoptedSpec is the spec of the Student adopt makes of row: observed, with its name,
+// school and deletion policy (Orphan, which keeps the row, when none is recorded).
 func AdoptedSpec(row registry.Record) studentv1.StudentSpec {
 	policy := studentv1.DeletionPolicy(row.DeletionPolicy)
 	if policy == "" {

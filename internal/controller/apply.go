@@ -16,17 +16,14 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// errNewFact: a write's answer is a fact the decision did not have (the row is there,
-// ahead, not this owner's; the bound of undos is reached): decide again.
+// errNewFact: a write found a fact the decision did not have; decide again.
 var errNewFact = errors.New("a write found a new fact")
 
-// errCacheBehind: the API server holds a newer version of the Student than the cache;
-// the sync waits for the watch to bring it (retried).
+// errCacheBehind: the API server has a newer Student than the cache; retried.
 var errCacheBehind = errors.New("the cache is behind the API server for this Student")
 
-// apply runs the actions in order, through writes. It returns the Student as last
-// written and the row as last written (or as found, when none was), and errNewFact,
-// with the fact set in f, when a write's answer calls for another decision.
+// apply runs the actions in order. It returns the Student and row as last written (or the
+// row as found), and errNewFact, with the fact set in f, when a write needs a new decision.
 func (c *Controller) apply(ctx context.Context, s *studentv1.Student, f *decide.Facts, actions []decide.Action) (*studentv1.Student, registry.Record, error) {
 	row := f.Row.Record
 	for _, a := range actions {
@@ -112,7 +109,6 @@ func (c *Controller) do(ctx context.Context, s *studentv1.Student, a decide.Acti
 	return out, registryError{err}
 }
 
-// registryOps are the registry writes of the decision's row actions.
 var registryOps = map[decide.Op]registry.OpKind{
 	decide.Insert: registry.OpInsert, decide.Upsert: registry.OpUpsert, decide.Rewind: registry.OpRewind,
 	decide.TakeBack: registry.OpTakeBack, decide.MarkObserved: registry.OpMarkObserved, decide.RecordPolicy: registry.OpRecordPolicy,
@@ -120,8 +116,7 @@ var registryOps = map[decide.Op]registry.OpKind{
 	decide.Rebind: registry.OpAdopt,
 }
 
-// rowOp is the registry write of a row action, written by owner, and whether it
-// returns the row written.
+// rowOp is the registry write of a row action by owner, and whether it returns the row.
 func rowOp(owner string, a decide.Action) (registry.Op, bool) {
 	op := registry.Op{Kind: registryOps[a.Op], Record: a.Record, Why: a.Why, Ahead: a.Ahead}
 	switch a.Op {
@@ -138,23 +133,22 @@ func rowOp(owner string, a decide.Action) (registry.Op, bool) {
 	return op, true
 }
 
-// observeWrite counts and logs a row write that was made.
 func (c *Controller) observeWrite(ctx context.Context, a decide.Action, w written) {
 	logger := klog.FromContext(ctx)
 	switch a.Op {
 	case decide.Insert, decide.Upsert:
-		c.cfg.Metrics.observeRow(a.Why.Action)
+		c.cfg.Metrics.rowsWritten.WithLabelValues(a.Why.Action).Inc()
 		if a.Undo {
-			c.cfg.Metrics.observeUndone(undoneRecreated)
+			c.cfg.Metrics.undone.WithLabelValues(undoneRecreated).Inc()
 		}
 		logger.V(2).Info("Wrote registry row", "action", a.Why.Action, "cause", a.Why.Cause, "generation", w.row.Generation)
 	case decide.Rewind:
-		c.cfg.Metrics.observeRow(rowUpdated)
-		c.cfg.Metrics.observeRegistryAhead()
+		c.cfg.Metrics.rowsWritten.WithLabelValues(rowUpdated).Inc()
+		c.cfg.Metrics.registryAhead.Inc()
 		logger.Info("Registry row was ahead of its Student; it follows the Student again", "rowGeneration", a.Ahead, "generation", a.Record.Generation)
 	case decide.TakeBack:
-		c.cfg.Metrics.observeRow(rowRestored)
-		c.cfg.Metrics.observeUndone(undoneTakenBack)
+		c.cfg.Metrics.rowsWritten.WithLabelValues(rowRestored).Inc()
+		c.cfg.Metrics.undone.WithLabelValues(undoneTakenBack).Inc()
 		logger.Info("Took back a registry row this controller had released")
 	case decide.MarkObserved:
 		logger.V(2).Info("Registry row marked observed: the controller no longer writes it")
@@ -168,23 +162,20 @@ func (c *Controller) observeWrite(ctx context.Context, a decide.Action, w writte
 	}
 }
 
-// observeLetGo counts a row that Delete or Relinquish deleted or released; absent
-// says its Student was not found (no finalizer ran for it).
+// observeLetGo counts a deleted or released row; absent: its Student was not found.
 func (c *Controller) observeLetGo(outcome registry.Outcome, absent bool) {
 	switch outcome {
 	case registry.Deleted:
-		c.cfg.Metrics.observeRow(rowDeleted)
+		c.cfg.Metrics.rowsWritten.WithLabelValues(rowDeleted).Inc()
 	case registry.Released:
-		c.cfg.Metrics.observeRow(rowReleased)
+		c.cfg.Metrics.rowsWritten.WithLabelValues(rowReleased).Inc()
 		if absent {
-			c.cfg.Metrics.observeReleasedAbsent()
+			c.cfg.Metrics.releasedAbsent.Inc()
 		}
 	}
 }
 
-// report writes the status the decision asks for, once and only if it changed, posts
-// its Events, and returns its result. A status write that finds the Student gone
-// undoes the row write: the cache was behind.
+// report writes the status if it changed, posts the Events, and returns the result.
 func (c *Controller) report(ctx context.Context, s *studentv1.Student, f decide.Facts, d decide.Decision, row registry.Record) error {
 	key := cache.MetaObjectToName(s).String()
 	changed := false
@@ -195,7 +186,7 @@ func (c *Controller) report(ctx context.Context, s *studentv1.Student, f decide.
 		}
 		if d.Status.Ready || d.Status.Drifted != nil {
 			if took, ok := c.states.generations.reported(key, s.Generation, c.clock.Now()); ok {
-				c.cfg.Metrics.observeLatency(took)
+				c.cfg.Metrics.syncLatency.Observe(took.Seconds())
 			}
 		}
 	}
@@ -212,7 +203,7 @@ func (c *Controller) report(ctx context.Context, s *studentv1.Student, f decide.
 	switch {
 	case d.Result == decide.Terminal:
 		if undoReason(d.Status) {
-			c.cfg.Metrics.observeRewriteRefused()
+			c.cfg.Metrics.rewritesRefused.Inc()
 		}
 		return terminal(errors.New(d.Why))
 	case d.Result == decide.Retry && f.Quorum == decide.QuorumChanged:
@@ -230,8 +221,7 @@ func undoReason(st *decide.Status) bool {
 	return st != nil && (st.Reason == studentv1.ReasonRegistryAhead || st.Reason == studentv1.ReasonRowReleased || st.Reason == studentv1.ReasonRowDeleted)
 }
 
-// statusFailed handles a failed status write after the decision's row writes. A
-// Student gone since was behind in the cache: the row it wrote is let go.
+// statusFailed handles a failed status write; a Student gone since has its new row let go.
 func (c *Controller) statusFailed(ctx context.Context, s *studentv1.Student, d decide.Decision, err error) error {
 	wrote, created := false, false
 	for _, a := range d.Actions {
@@ -262,11 +252,9 @@ func (c *Controller) statusFailed(ctx context.Context, s *studentv1.Student, d d
 	return err
 }
 
-// undoStaleWrite lets go of the row of a Student that the API server no longer has,
-// when the status write that follows a row write finds it gone. This cache was
-// behind: a replica that has just taken the lead can still hold a Student that the
-// previous leader finalized, its row deleted; the sync then wrote the row again. It is
-// released, since absence destroys nothing. A row already released stays.
+// undoStaleWrite releases the row of a Student found gone after its row write: a new
+// leader's cache can still hold a Student the old leader finalized, so the sync wrote its
+// row again. Release destroys nothing; a row already released stays.
 func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
 	res, err := c.write.apply(ctx, registry.Op{Kind: registry.OpRelinquish, Record: registry.Record{UID: RowUID(s), Owner: c.cfg.Owner},
 		Why: registry.Why{Cause: registry.CauseStaleCache}})
@@ -281,9 +269,8 @@ func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) e
 	return nil
 }
 
-// failed reports a failure of the sync. A registry failure is reported on the
-// Student (a fixed message: the cause, with hosts and file names, goes to the log
-// alone) and returned for retry; anything else is returned as it is.
+// failed reports a registry failure on the Student with a fixed message (hosts and file
+// names go to the log only) and returns it for retry; other errors pass through.
 func (c *Controller) failed(ctx context.Context, s *studentv1.Student, cause error) error {
 	var reg registryError
 	if !errors.As(cause, &reg) {
@@ -295,7 +282,7 @@ func (c *Controller) failed(ctx context.Context, s *studentv1.Student, cause err
 		return errors.Join(cause, err)
 	}
 	if changed {
-		// Once per outage and Student: the retries that find status saying so send nothing.
+		// Once per outage and Student: retries that find the status saying so post nothing.
 		c.write.warn(s, event.Reason, event.Message)
 	}
 	return fmt.Errorf("registry: %w", reg.err)

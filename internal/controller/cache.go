@@ -15,36 +15,22 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// cachedStudent is what the cache keeps of a Student for as long as it exists: the
-// fields the controller reads, in a third of the memory of the object as decoded
-// (BenchmarkCachedStudent). compact makes it, as the informer's transform; a sync
-// turns it back into a Student with those fields (student) and builds its writes from
-// that. The API server keeps only .status of a status write (a PUT of /status) and the
-// finalizers of the finalizer write (a merge patch), and checks the resourceVersion of
-// both, so what the cache leaves out (labels, other annotations, owner references,
-// managed fields) is never written back.
-//
-// What most Students share is kept once: the school as an interned string, the
-// deletion policy as flag bits, the conditions and the registry facts as unique handles
-// (Students written in the same second share them). What few Students have (a deletion
-// timestamp, other finalizers, a reconcile request, a UID or resourceVersion of another
-// form than the API server's, a deletion policy of no known kind) is behind one
-// pointer, nil for the others.
+// cachedStudent is what the cache keeps of a Student: the fields the controller reads, in
+// a third of the decoded memory (BenchmarkCachedStudent). A sync turns it back into a
+// Student (student) to build its writes. What it leaves out is never written back: the
+// status write keeps only .status, the finalizer patch only the finalizers, and both check
+// the resourceVersion. Shared values are kept once; what few Students have is in rare.
 type cachedStudent struct {
-	// key is namespace/name, the cache's key and the queue's; the namespace is its
-	// first nsLen bytes.
+	// key is namespace/name, the cache's and queue's key; nsLen is the namespace's length.
 	key   string
 	nsLen int32
 	flags cachedFlags
-	// uid is the UID when it is a UUID as the API server makes them (zero: rare.uid),
-	// resourceVersion the resourceVersion when it is a decimal number (zero:
-	// rare.resourceVersion).
+	// uid and resourceVersion hold the usual forms (a UUID, a decimal); zero: see rare.
 	uid             uuid.UUID
 	resourceVersion uint64
 	generation      int64
 
-	// studentName and school are spec.name and spec.school (interned); spec.deletionPolicy
-	// is in flags (cachedDelete, cachedOrphan) or rare.deletionPolicy (spec).
+	// studentName and school are spec.name and spec.school (interned).
 	studentName        string
 	school             string
 	observedGeneration int64
@@ -59,15 +45,12 @@ type cachedFlags uint8
 const (
 	// paused: the paused annotation is "true".
 	cachedPaused cachedFlags = 1 << iota
-	// ownFinalizerOnly: the finalizers are the controller's alone (rare.finalizers
-	// holds any others).
+	// ownFinalizerOnly: the finalizers are the controller's alone (else rare.finalizers).
 	cachedOwnFinalizerOnly
-	// cachedDelete, cachedOrphan: spec.deletionPolicy is Delete, Orphan. Neither: it is
-	// empty or rare.deletionPolicy.
+	// cachedDelete, cachedOrphan: deletionPolicy is Delete, Orphan (neither: "" or rare).
 	cachedDelete
 	cachedOrphan
-	// cachedManage, cachedObserve: spec.management is Manage, Observe. Neither: it is
-	// empty or rare.management.
+	// cachedManage, cachedObserve: management is Manage, Observe (neither: "" or rare).
 	cachedManage
 	cachedObserve
 )
@@ -86,8 +69,7 @@ type rareFields struct {
 	conditions             []metav1.Condition // more than a conditionSet holds
 }
 
-// conditionSet is a status's conditions when there are at most two (Ready, and Synced
-// while paused), in their order.
+// conditionSet holds at most two conditions (Ready, and Synced while paused), in order.
 type conditionSet struct {
 	n int
 	c [2]metav1.Condition
@@ -101,9 +83,8 @@ type registryFacts struct {
 	generation int64
 }
 
-// compact is the informer's transform: it makes a Student into what the cache keeps.
-// Anything else passes through untouched, and so does a cachedStudent (a resync hands
-// the cache's own objects back).
+// compact is the informer's transform. Anything else passes through, as does a
+// cachedStudent (a resync hands the cache's own objects back).
 func compact(obj any) (any, error) {
 	s, ok := obj.(*studentv1.Student)
 	if !ok || s == nil {
@@ -167,8 +148,7 @@ func compactStudent(s *studentv1.Student) *cachedStudent {
 	return c
 }
 
-// compactIDs keeps uid and resourceVersion rv as numbers where they are in their
-// usual form (a UUID, a decimal), as strings in rare otherwise.
+// compactIDs keeps uid and rv as numbers in their usual form, else as strings in rare.
 func (c *cachedStudent) compactIDs(uid types.UID, rv string, rare *rareFields) {
 	if u, err := uuid.Parse(string(uid)); err == nil && u != uuid.Nil && u.String() == string(uid) {
 		c.uid = u
@@ -188,8 +168,7 @@ func (r *rareFields) held() bool {
 		r.reconcileRequestedAt != "" || r.rowUID != "" || r.lastHandledReconcileAt != "" || r.conditions != nil
 }
 
-// compactStatus keeps status's conditions, shared with other Students' where they are
-// the same, and what it says of the registry row.
+// compactStatus keeps status's conditions, shared where equal, and its registry facts.
 func (c *cachedStudent) compactStatus(status *studentv1.StudentStatus, rare *rareFields) {
 	switch conds := status.Conditions; {
 	case len(conds) > len(conditionSet{}.c):
@@ -208,8 +187,7 @@ func (c *cachedStudent) compactStatus(status *studentv1.StudentStatus, rare *rar
 	}
 }
 
-// student is the Student that c was made from, with the fields that the cache keeps,
-// as a new object that the caller may change.
+// student rebuilds the Student from c's fields, as a new object the caller may change.
 func (c *cachedStudent) student() *studentv1.Student {
 	s := &studentv1.Student{
 		ObjectMeta: metav1.ObjectMeta{
@@ -292,7 +270,6 @@ func (c *cachedStudent) rareField() *rareFields {
 
 var noRareFields rareFields
 
-// deleting says whether the Student has a deletion timestamp.
 func (c *cachedStudent) deleting() bool { return c.rareField().deletionTimestamp != nil }
 
 // facts are what the decision reads of the Student, from the cache.
@@ -301,8 +278,7 @@ func (c *cachedStudent) facts() decide.Student {
 		Spec: c.spec(), RowKey: c.rowUID(), Deleting: c.deleting(), Paused: c.isPaused()}
 }
 
-// rowUID is the uid of the Student's registry row: its row-uid annotation, or its own
-// uid (RowUID says the same of a Student).
+// rowUID is the uid of the Student's row: its row-uid annotation, else its uid (RowUID).
 func (c *cachedStudent) rowUID() string {
 	if row := c.rareField().rowUID; row != "" {
 		return row
@@ -310,7 +286,6 @@ func (c *cachedStudent) rowUID() string {
 	return string(c.uidValue())
 }
 
-// spec is the Student's spec.
 func (c *cachedStudent) spec() studentv1.StudentSpec {
 	spec := studentv1.StudentSpec{Name: c.studentName, School: c.school}
 	switch {
@@ -332,7 +307,6 @@ func (c *cachedStudent) spec() studentv1.StudentSpec {
 	return spec
 }
 
-// isObserved says whether spec.management is Observe.
 func (c *cachedStudent) isObserved() bool { return c.flags&cachedObserve != 0 }
 
 // finalizers are the Student's finalizers, not to be changed.
@@ -348,8 +322,7 @@ var ownFinalizerOnly = []string{Finalizer}
 // isPaused says whether the paused annotation holds the Student still.
 func (c *cachedStudent) isPaused() bool { return c.flags&cachedPaused != 0 }
 
-// cacheKey is the cache's key function: namespace/name, for the cache's objects, the
-// Students that the watch brings before they are made compact, and tombstones.
+// cacheKey is the cache's key function: namespace/name of any Student or tombstone.
 func cacheKey(obj any) (string, error) {
 	switch o := obj.(type) {
 	case *cachedStudent:

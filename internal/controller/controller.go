@@ -38,15 +38,13 @@ const (
 	Name = "student-controller"
 )
 
-// Registry is what the controller needs of the student registry: its reads, and one
-// method for every write.
+// Registry is what the controller needs of the registry: its reads, and Apply for writes.
 type Registry interface {
 	rowReader
 	Apply(ctx context.Context, op registry.Op) (registry.Result, error)
 }
 
-// rowReader is what the controller reads of the registry; its writes go through
-// writes.
+// rowReader is the read side of the registry; writes go through writes.
 type rowReader interface {
 	Get(ctx context.Context, uid string) (registry.Record, error)
 	List(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
@@ -63,87 +61,67 @@ const defaultMaxRewinds = 100
 type Config struct {
 	// Owner marks the rows this controller writes; it never changes another owner's rows.
 	Owner string
-	// Cluster identifies the cluster the Students live in (its kube-system namespace's
-	// UID). When set, every sweep first checks that the registry binds Owner to it, and
-	// the controller stops if not: another cluster's controller took the owner over.
+	// Cluster is the kube-system namespace's UID. When set, a sweep first checks that the
+	// registry binds Owner to it, and stops the controller if another cluster took over.
 	Cluster string
-	// Scope is which Students the controller watches (NewWiring sets it to the
-	// informers'). The sweep compares only the owner's rows of its namespaces, and with
-	// a label selector lets go of a row only once the API server has no Student of it:
-	// a row outside the scope is never an orphan of this controller.
+	// Scope is which Students the controller watches (NewWiring sets it). The sweep judges
+	// only its namespaces' rows; with a label selector it frees a row only once the API
+	// server has no Student of it.
 	Scope Scope
-	// SweepInterval is how often the registry is compared with the Students; 0 turns the
-	// periodic sweep off.
+	// SweepInterval is how often the registry is compared with the Students; 0 is never.
 	SweepInterval time.Duration
-	// SweepMaxDeletions bounds the orphan rows one sweep deletes or releases: a sweep
-	// that would touch more touches none and reports it, since that is likelier a fault
-	// (a wrong cluster, a deleted CRD, a cache that lost its Students) than real
-	// deletions. SweepMaxDeletionPercent bounds them too, as a share of the rows the
-	// owner holds (at least one row); 0 means 50.
+	// SweepMaxDeletions and SweepMaxDeletionPercent (of the owner's rows, at least one; 0
+	// means 50) cap the orphan rows one sweep deletes or releases. Over a cap it touches
+	// none and reports it: that is likelier a fault than real deletions.
 	SweepMaxDeletions       int
 	SweepMaxDeletionPercent int
-	// MaxRewinds bounds the rows ahead of their Students (an etcd restore) that this
-	// controller takes back to its Students (Rewind) from its start; past it a row
-	// ahead makes its Student not Ready instead, since so many rows ahead looks like a
-	// cloned cluster writing to production's registry. 0 means defaultMaxRewinds.
+	// MaxRewinds caps the undos (takeUndo) per process, as after an etcd restore. Past it
+	// the Student is not Ready: so many look like a cloned cluster writing to production.
 	MaxRewinds int
-	// SyncTimeout bounds one sync, registry and API calls included (a registry write
-	// that shares its transaction waits for it to end: up to this long again). It also
-	// bounds the drain on shutdown: work in flight finishes, within this time.
+	// SyncTimeout bounds one sync, registry and API calls included (a write that shares
+	// a transaction may wait this long again), and the drain on shutdown.
 	SyncTimeout time.Duration
 	// RateLimiter spaces retries; DefaultRateLimiter when nil.
 	RateLimiter workqueue.TypedRateLimiter[string]
-	// HistoryRetention is how long the registry's history rows are kept: older ones
-	// are pruned every hour, by the replica that writes. 0 keeps them all.
+	// HistoryRetention is how long history rows are kept, pruned hourly; 0 keeps them all.
 	HistoryRetention time.Duration
-	// SweepEventTarget, when set, receives the Warning Event of a refused sweep (the
-	// controller's own Pod, in a cluster).
+	// SweepEventTarget, when set, gets the Warning Event of a refused sweep (its own Pod).
 	SweepEventTarget *corev1.ObjectReference
 	// Clock stamps conditions; the real clock when nil.
 	Clock clock.PassiveClock
-	// Metrics records syncs, registry latency and sweeps; nothing is recorded when nil.
+	// Metrics records syncs, registry latency and sweeps; its own, registered nowhere, when nil.
 	Metrics *Metrics
-	// Tracer traces each sync (its queue wait, registry operations and status write);
-	// nil traces nothing, at no cost.
+	// Tracer traces each sync; nil traces nothing, at no cost.
 	Tracer trace.Tracer
-	// Mark, when set, says whether the registry may be trusted about rows without
-	// Students: not while it is behind the cluster's mark of it (it went back in time,
-	// and no operator has confirmed it). Then the sweep releases nothing, and a
-	// finalizer releases a row instead of deleting it.
+	// Mark, if set, says whether the registry is behind the cluster's mark: then the sweep
+	// releases nothing and a finalizer releases its row instead of deleting it.
 	Mark Mark
-	// CRDDeleting, when set, says whether the Student CRD is being deleted: then every
-	// Student is deleted by the API server, not by a user, and a finalizer releases its
-	// row instead of deleting it. NewWiring sets it; unset, the CRD is never deleting.
+	// CRDDeleting says whether the Student CRD is being deleted (so the API server, not a
+	// user, deletes the Students): then a finalizer releases its row. NewWiring sets it.
 	CRDDeleting func(ctx context.Context) (bool, error)
-	// Leading, when set, says whether this replica may still write: an error once it
-	// cannot know that it holds the leader Lease (its last renewal is older than the
-	// renew deadline, as after a pause) or another replica leads. It is asked before
-	// every sync and every write, registry and API alike; a key it refuses waits in the
-	// queue. Unset, the controller always writes (no leader election).
+	// Leading says whether this replica may still write: an error once it cannot know it
+	// holds the Lease (last renewal older than the renew deadline, as after a pause) or
+	// another leads. Asked before every sync and write; nil always writes.
 	Leading Gate
 }
 
 // Gate says whether this replica may write now: nil while it may (internal/leader).
 type Gate interface{ Check() error }
 
-// Mark says whether the registry is behind the cluster's mark of it: nil once the
-// marks were compared and it is not (internal/mark).
+// Mark says whether the registry is behind the cluster's mark; nil means checked and not.
 type Mark interface{ Behind() error }
 
 // ErrNotLeading is returned for work refused because this replica may not write.
 var ErrNotLeading = errors.New("not the leader")
 
-// conflictPatience is how many retries of a conflict in a row are logged at -v=2 only:
-// a cache behind the API server catches up within a few; more are logged as errors.
+// conflictPatience is how many conflicts in a row log at -v=2: a lagging cache catches up.
 const conflictPatience = 8
 
-// notLeadingRetry is how long a key refused by Config.Leading waits before it is tried
-// again: by then this replica has renewed its Lease, or stood down.
+// notLeadingRetry is how long a refused key waits: time to renew the Lease or stand down.
 const notLeadingRetry = time.Second
 
 // Controller keeps the student registry in line with the Student objects.
 type Controller struct {
-	// students is the cache the syncs, the sweep and plans read.
 	students *Informers
 	synced   cache.InformerSynced
 	queue    workqueue.TypedRateLimitingInterface[string] // namespace/name keys; see enqueue
@@ -153,34 +131,26 @@ type Controller struct {
 	write      *writes
 	cfg        Config
 	clock      clock.PassiveClock
-	// sweepNow asks Run's sweep loop for a sweep before its interval is up (SweepSoon).
+	// sweepNow asks Run's sweep loop for an early sweep (SweepSoon).
 	sweepNow chan struct{}
-	// stop ends Run with a cause that leaves this controller nothing to do: the owner
-	// moved to another cluster, or another controller took over the owner's writes.
+	// stop ends Run when nothing is left to do (see stopsWork).
 	stop context.CancelCauseFunc
-	// queueTimes are when the keys in the queue were queued, for their traces; nil
-	// when tracing is off. working is when Run started to work (its cache synced).
+	// queueTimes is when keys were queued (nil untraced); working, when Run began to work.
 	queueTimes *queueTimes
 	working    time.Time
-	// malformed are the uids of the unreadable rows the last sweep found; a row is
-	// logged when it first shows up here. Only Sweep, which never runs twice at once,
-	// touches it.
+	// malformed are the uids of unreadable rows the last sweep found, to log each once.
+	// Only Sweep touches it, and it never runs twice at once.
 	malformed map[string]bool
-	// rewound counts the rows of production's past undone since the controller was
-	// made (the process started), against Config.MaxRewinds: rows ahead rewound,
-	// released rows taken back, deleted rows written again, and those being written
-	// (takeUndo).
+	// rewound counts the undos (takeUndo) since the process started.
 	rewound atomic.Int64
 	// crd follows the served Student CRD (NewWiring); nil follows nothing.
 	crd *crdWatch
-	// states are what the syncs found of the Students, for the metrics.
+	// states are what the syncs found, for the metrics.
 	states *states
 }
 
-// DefaultRateLimiter spaces the retries of one Student from half a second up to five
-// minutes: the registry is external I/O, where client-go's first retry after 5
-// milliseconds only adds load to an outage, and 16 minutes is too long to notice
-// recovery. An overall bucket caps the retry rate across all Students.
+// DefaultRateLimiter retries one Student after 0.5s up to 5m, plus an overall bucket: the
+// registry is external I/O, where client-go's 5ms adds load and its 16m hides recovery.
 func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 	return workqueue.NewTypedMaxOfRateLimiter(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 5*time.Minute),
@@ -208,20 +178,20 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.RateLimiter == nil {
 		cfg.RateLimiter = DefaultRateLimiter()
 	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
 	return cfg, nil
 }
 
-// New returns a Controller over the Students that informers watch. It starts
-// nothing: call Run.
+// New returns a Controller over the Students that informers watch. Call Run to start it.
 func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	reg Registry, recorder record.EventRecorder, cfg Config) (*Controller, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Metrics != nil || cfg.Tracer != nil {
-		reg = timedRegistry{Registry: reg, m: cfg.Metrics, tracer: cfg.Tracer}
-	}
+	reg = timedRegistry{Registry: reg, m: cfg.Metrics, tracer: cfg.Tracer}
 	c := &Controller{
 		students: informers,
 		synced:   informers.HasSynced,
@@ -240,9 +210,7 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	if c.clock == nil {
 		c.clock = clock.RealClock{}
 	}
-	if cfg.Metrics != nil {
-		cfg.Metrics.states.Store(c.states)
-	}
+	cfg.Metrics.states.Store(c.states)
 	if cfg.Tracer != nil {
 		c.queueTimes = &queueTimes{at: map[string]time.Time{}}
 		c.queue = timedQueue{TypedRateLimitingInterface: c.queue, times: c.queueTimes}
@@ -270,14 +238,9 @@ func New(ctx context.Context, client versioned.Interface, informers *Informers,
 	return c, nil
 }
 
-// enqueue adds the key of a cached Student, or of the tombstone of a deleted one. Keys
-// are namespace/name strings rather than cache.ObjectName: the workqueue's maps grow to
-// the largest backlog and Go maps never shrink, and a string key is about half the size
-// (bench/results/history.md). The key queued is the cache's own string, not a copy.
-//
-// Only a cached Student, or the tombstone of one, has a key here: a tombstone's key
-// names the Student that was deleted, whatever its last known state inside. Anything
-// else is reported and dropped, rather than its name taken for a Student's.
+// enqueue adds the key of a cached Student or its tombstone; anything else is reported and
+// dropped. Keys are the cache's own namespace/name strings: the queue's maps never shrink,
+// and a string is half a cache.ObjectName (bench/results/history.md).
 func (c *Controller) enqueue(logger klog.Logger, obj any) {
 	switch o := obj.(type) {
 	case *cachedStudent:
@@ -292,9 +255,7 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 	utilruntime.HandleErrorWithLogger(logger, nil, "Not a Student; ignored", "type", fmt.Sprintf("%T", obj))
 }
 
-// observeEvent starts or stops the sync latency's clock of a cached Student, as a
-// watch event shows it. An observed Student's sync is done once its status is at its
-// generation, drifted or not.
+// observeEvent times a Student's sync latency: done once status is at its generation.
 func (c *Controller) observeEvent(obj any) {
 	if s, ok := obj.(*cachedStudent); ok && s != nil {
 		reported := s.isReady() || (s.isObserved() && s.observedGeneration == s.generation)
@@ -309,12 +270,9 @@ func (c *Controller) enqueueUpdate(logger klog.Logger, oldObj, newObj any) {
 	}
 }
 
-// needsSync says whether an update can change what sync does. A resync, which repeats
-// the same object, can, since the registry may have drifted; so can a change of the
-// annotations that steer the controller (pause, a reconcile request). The controller's own
-// writes cannot: a change to status alone, or the addition of its finalizer, which
-// the same sync followed with the row and the status. Syncing on them would only read
-// a cache that may not have caught up yet with that status, and write it again.
+// needsSync says whether an update can change what sync does: a resync can (the registry
+// may drift), and so can steering annotations. The controller's own writes (status, its
+// finalizer) cannot; syncing on them would reread a lagging cache and write again.
 func needsSync(oldObj, newObj any) bool {
 	oldS, ok1 := oldObj.(*cachedStudent)
 	newS, ok2 := newObj.(*cachedStudent)
@@ -322,8 +280,7 @@ func needsSync(oldObj, newObj any) bool {
 		return true
 	}
 	oldR, newR := oldS.rareField(), newS.rareField()
-	// The spec changes without its generation when the served CRD does (a field
-	// pruned by an older one, or given back).
+	// The spec can change without its generation when the served CRD does.
 	if oldS.generation != newS.generation || oldS.spec() != newS.spec() || !equality.Semantic.DeepEqual(oldR.deletionTimestamp, newR.deletionTimestamp) ||
 		steered(oldS, newS) {
 		return true
@@ -336,9 +293,7 @@ func needsSync(oldObj, newObj any) bool {
 	return !ownFinalizerAdded
 }
 
-// SweepSoon asks for a sweep now rather than at the end of the sweep interval (an
-// operator confirmed a registry that was behind: the rows its sweeps kept may go now).
-// Nothing when the sweep is off; one sweep for several asks.
+// SweepSoon asks for an early sweep, e.g. once a registry that was behind is confirmed.
 func (c *Controller) SweepSoon() {
 	select {
 	case c.sweepNow <- struct{}{}:
@@ -346,9 +301,8 @@ func (c *Controller) SweepSoon() {
 	}
 }
 
-// Run waits for the informer cache, then runs workers and the periodic sweep until ctx
-// is done. Then it stops taking work, lets the syncs in flight finish (each within
-// SyncTimeout), and returns.
+// Run waits for the cache, then runs workers and the sweep until ctx is done. Then it
+// stops taking work, lets syncs in flight finish (within SyncTimeout), and returns.
 func (c *Controller) Run(ctx context.Context, workers int) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
 	logger := klog.FromContext(ctx)
@@ -388,9 +342,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	return nil
 }
 
-// sweepEvery sweeps now and then every Config.SweepInterval, jittered, from the end
-// of each sweep, or sooner when asked; until ctx ends or a sweep finds that this
-// controller must stop.
+// sweepEvery sweeps now, then per jittered SweepInterval or SweepSoon, until it must stop.
 func (c *Controller) sweepEvery(ctx context.Context) {
 	select {
 	case <-c.sweepNow: // the first sweep is now anyway
@@ -417,18 +369,14 @@ func (c *Controller) sweepEvery(ctx context.Context) {
 	}
 }
 
-// stopsWork tells the errors that leave this controller nothing to do: the owner moved
-// to another cluster, another controller took over its writes, or a newer program
-// migrated the registry's schema.
+// stopsWork says whether err leaves this controller nothing to do, so it must stop.
 func stopsWork(err error) bool {
 	return errors.Is(err, registry.ErrOtherCluster) || errors.Is(err, registry.ErrFenced) || errors.Is(err, registry.ErrSchemaNewer)
 }
 
-// historyPruneInterval is how often the history is pruned to Config.HistoryRetention.
 const historyPruneInterval = time.Hour
 
-// pruneHistory deletes the history rows older than Config.HistoryRetention, when this
-// replica may write (the next prune does it otherwise).
+// pruneHistory deletes history past Config.HistoryRetention if this replica may write.
 func (c *Controller) pruneHistory(ctx context.Context) {
 	cutoff := c.clock.Now().Add(-c.cfg.HistoryRetention)
 	res, err := c.write.apply(ctx, registry.Op{Kind: registry.OpPruneHistory, Before: cutoff})
@@ -448,8 +396,7 @@ func (c *Controller) pruneHistory(ctx context.Context) {
 // HasSynced reports whether the Student cache has synced, for readiness.
 func (c *Controller) HasSynced() bool { return c.synced() }
 
-// processNextWorkItem takes one key and syncs it. It is the only place that decides
-// what happens to a key afterwards: forget it, or retry it with backoff.
+// processNextWorkItem takes one key and syncs it; handled decides what happens next.
 func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	key, shutdown := c.queue.Get()
 	if shutdown {
@@ -461,8 +408,7 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		return false
 	}
 
-	// A sync that started runs to its end even when shutdown begins, so that a write
-	// is not cut off half way (finalizer added, row not yet written); it is bounded.
+	// A started sync outlives shutdown (bounded), so no write is cut half way.
 	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SyncTimeout)
 	defer cancel()
 	syncCtx, span := c.startSync(syncCtx, key)
@@ -472,8 +418,7 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		err = c.sync(syncCtx, key)
 	}
 
-	// The Student as every other log line of it names it: an object, not a string,
-	// so that a JSON log's student field has one type.
+	// A KRef, as every log line names it, so a JSON log's student field has one type.
 	namespace, name, _ := cache.SplitMetaNamespaceKey(key)
 	student := klog.KRef(namespace, name)
 	result := c.handled(ctx, key, student, err)
@@ -486,9 +431,7 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	return true
 }
 
-// handled classifies the error a sync of key returned, the one place that does, and
-// does with the key what it calls for: forget it, retry it later, or stop. It returns
-// the result the metrics and the trace record.
+// handled acts on a sync's error (forget, retry or stop): the one place that judges it.
 func (c *Controller) handled(ctx context.Context, key string, student klog.ObjectRef, err error) string {
 	var term *terminalError
 	result := resultSuccess
@@ -496,15 +439,13 @@ func (c *Controller) handled(ctx context.Context, key string, student klog.Objec
 	case err == nil:
 		c.queue.Forget(key)
 	case errors.Is(err, ErrNotLeading):
-		// A paused leader that woke up, before it learns that it lost the Lease: it
-		// writes nothing until it renews, or stands down and exits.
+		// Likely a paused leader not yet aware it lost the Lease: it writes nothing.
 		result = resultNotLeading
 		c.queue.Forget(key)
 		c.queue.AddAfter(key, notLeadingRetry)
 		klog.FromContext(ctx).V(2).Info("Not writing; will retry", "student", student, "reason", err)
 	case errors.Is(err, registry.ErrFenced):
-		// Another controller of the owner took over its writes (a new leader): this
-		// one's write was rolled back, and it stops.
+		// A new leader took over the owner's writes: this write was rolled back. Stop.
 		result = resultNotLeading
 		c.queue.Forget(key)
 		klog.FromContext(ctx).Info("Another controller took over the registry owner's writes; stopping", "student", student, "err", err)
@@ -517,8 +458,7 @@ func (c *Controller) handled(ctx context.Context, key string, student klog.Objec
 		c.queue.Forget(key)
 		klog.FromContext(ctx).V(2).Info("Not retrying", "student", student, "reason", err)
 	case apierrors.IsConflict(err), errors.Is(err, registry.ErrStale), errors.Is(err, errCacheBehind):
-		// The cache was behind the API server, or behind another writer of the row;
-		// the retry reads the newer object. No failure: nothing counts it as an error.
+		// The cache lagged the API server or the row's other writer: retry, not an error.
 		result = resultConflict
 		c.queue.AddRateLimited(key)
 		if n := c.queue.NumRequeues(key); n > conflictPatience {
@@ -535,9 +475,8 @@ func (c *Controller) handled(ctx context.Context, key string, student klog.Objec
 	return result
 }
 
-// mayStart refuses a unit of work (a sync, a sweep) before it reads anything when this
-// replica may not write: it would have nothing to do, and a sweep on a cache as old as
-// a pause would take live rows for orphans.
+// mayStart refuses a sync or sweep before it reads anything if this replica may not
+// write: a sweep on a cache as old as a pause would take live rows for orphans.
 func (c *Controller) mayStart() error { return c.write.allowed() }
 
 // terminalError is a sync failure that retrying cannot fix.

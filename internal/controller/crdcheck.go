@@ -16,10 +16,9 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// RequiredFields are the Student fields this controller reads or writes, as paths in
-// the CRD's schema. A CRD without one makes the API server drop that field from every
-// write (spec.management: an observed Student would be managed), so the controller
-// writes nothing until the CRD is upgraded (CheckCRD).
+// RequiredFields are the Student fields this controller reads or writes, as CRD schema
+// paths. The API server drops a field the CRD lacks from every write (spec.management: an
+// observed Student would be managed), so nothing is written until the CRD is upgraded.
 var RequiredFields = []string{
 	"spec.name", "spec.school", "spec.deletionPolicy", "spec.management",
 	"status.observedGeneration", "status.conditions", "status.lastHandledReconcileAt",
@@ -38,8 +37,7 @@ func (e *CRDTooOldError) Error() string {
 		strings.Join(e.Missing, ", "))
 }
 
-// CheckCRD reads the served Student CRD and returns a *CRDTooOldError when the schema
-// of the version this controller uses lacks a field of RequiredFields.
+// CheckCRD reads the served Student CRD; a *CRDTooOldError names the fields it lacks.
 func CheckCRD(ctx context.Context, client dynamic.Interface) error {
 	crd, err := client.Resource(crdResource).Get(ctx, crdName, metav1.GetOptions{})
 	if err != nil {
@@ -51,8 +49,7 @@ func CheckCRD(ctx context.Context, client dynamic.Interface) error {
 	return nil
 }
 
-// MissingFields are the fields of RequiredFields that the CRD's schema for this
-// controller's version does not have (all of them when it serves no such version).
+// MissingFields are the RequiredFields the CRD's served schema of this version lacks.
 func MissingFields(crd *unstructured.Unstructured) []string {
 	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
 	var root map[string]any
@@ -75,11 +72,10 @@ func MissingFields(crd *unstructured.Unstructured) []string {
 	return missing
 }
 
-// crdWatch follows the served Student CRD while the controller runs: an older CRD
-// applied meanwhile (a rollback, a GitOps sync of an old tree) would drop fields of the
-// next write of each Student, so while it is served the decision writes nothing for a
-// live Student and the Pod is not ready, as at start. When a current CRD comes back,
-// every Student is synced again.
+// crdWatch follows the served CRD while the controller runs: an older one applied
+// meanwhile (a rollback, an old GitOps tree) would drop fields, so while it is served
+// nothing is written for a live Student and the Pod is not ready. A current CRD coming
+// back resyncs every Student.
 type crdWatch struct {
 	informer cache.SharedIndexInformer
 	older    atomic.Pointer[CRDTooOldError]
@@ -87,8 +83,7 @@ type crdWatch struct {
 	current func()
 }
 
-// newCRDWatch watches the Student CRD alone (a field selector on its name, which
-// RBAC's resourceNames allows).
+// newCRDWatch watches the Student CRD alone: a field selector on its name, as RBAC allows.
 func newCRDWatch(client dynamic.Interface) *crdWatch {
 	w := &crdWatch{}
 	w.informer = dynamicinformer.NewFilteredDynamicInformer(client, crdResource, "", 0, cache.Indexers{},
@@ -115,8 +110,7 @@ func (w *crdWatch) seen(obj any) {
 	}
 }
 
-// Older is a *CRDTooOldError while the served CRD lacks a field the controller
-// writes, nil otherwise (and for a controller that watches no CRD).
+// Older is a *CRDTooOldError while the served CRD is too old; else (or unwatched) nil.
 func (w *crdWatch) Older() error {
 	if w == nil {
 		return nil

@@ -13,20 +13,16 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// dryRunSettle is how long a dry run waits after a Student changed before it plans
-// again, so that a burst of changes costs one plan, and steady churn one per settle.
+// dryRunSettle is how long a dry run waits after a change before planning again, so a
+// burst of changes costs one plan.
 const dryRunSettle = 5 * time.Second
 
-// dryRunPlanTimeout bounds one plan: a list of the owner's rows, and a read of the row
-// of each Student the owner holds none of.
+// dryRunPlanTimeout bounds one plan: the list of owned rows and the reads of the others.
 const dryRunPlanTimeout = 2 * time.Minute
 
-// RunDryRun is Run for --dry-run: it waits for the informer cache, then computes the
-// plan (what Run would do now, as `plan` lists it) whenever the Students change and
-// every interval (the registry can drift too), logs each action when it first
-// appears, and sets the planned-actions gauge. It writes nothing: it calls no write,
-// and its sweep and history pruning do not run. Each replica plans on its own; none
-// takes a Lease, which is a write too.
+// RunDryRun is Run for --dry-run: once the cache syncs, it plans (as `plan` does) on each
+// Student change and every interval (the registry drifts too), logs new actions and sets
+// the planned-actions gauge. It writes nothing, not even a Lease: each replica plans alone.
 func (c *Controller) RunDryRun(ctx context.Context, interval time.Duration) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
 	logger := klog.FromContext(ctx)
@@ -36,8 +32,7 @@ func (c *Controller) RunDryRun(ctx context.Context, interval time.Duration) erro
 		return errors.New("the Student cache did not sync before shutdown")
 	}
 
-	// The event handlers fill the queue as for Run; here a key only says that
-	// something changed.
+	// The event handlers fill the queue as in Run; here a key only says something changed.
 	changed := make(chan struct{}, 1)
 	go func() {
 		for {
@@ -73,8 +68,7 @@ func (c *Controller) RunDryRun(ctx context.Context, interval time.Duration) erro
 	}
 }
 
-// dryRun plans once and logs the actions that were not in the previous plan (seen);
-// it returns the actions of this plan, or seen when planning failed.
+// dryRun plans once, logs actions not in seen, and returns its actions (seen on failure).
 func (c *Controller) dryRun(ctx context.Context, seen map[PlannedAction]bool) map[PlannedAction]bool {
 	logger := klog.FromContext(ctx)
 	planCtx, cancel := context.WithTimeout(ctx, dryRunPlanTimeout)
@@ -103,8 +97,8 @@ func (c *Controller) dryRun(ctx context.Context, seen map[PlannedAction]bool) ma
 	return now
 }
 
-// Plan is what the controller would do now, from its cache and the registry: the
-// plan of `student-controller plan`, over the Students this controller watches.
+// Plan is what the controller would do now, from its cache and the registry: the plan
+// of `student-controller plan` over the Students it watches.
 func (c *Controller) Plan(ctx context.Context) (Plan, error) {
 	cached := c.students.list()
 	students := make([]*studentv1.Student, len(cached))

@@ -19,6 +19,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 	_ "modernc.org/sqlite"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned/fake"
@@ -234,4 +235,9 @@ func synced(writtenAt time.Time) studentOption {
 			Registry: &studentv1.RegistryStatus{Owner: owner, LastWrittenTime: &written, WrittenGeneration: s.Generation},
 		}
 	}
+}
+
+// recordOf is the registry row that a Student should have, written by owner.
+func recordOf(owner string, s *studentv1.Student) registry.Record {
+	return decide.Want(owner, studentFacts(owner, s).Student)
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // Metrics are the controller's Prometheus metrics. Create them once per process with
-// NewMetrics; a Controller without them records nothing.
+// NewMetrics; a Controller without them keeps its own, registered nowhere.
 type Metrics struct {
 	reconcileTotal    *prometheus.CounterVec
 	reconcileDuration *prometheus.HistogramVec
@@ -36,7 +36,7 @@ type Metrics struct {
 	fenceWaiting      prometheus.Gauge
 	syncLatency       prometheus.Histogram
 
-	// states are the controller's, which the gauges of Students read.
+	// states are the controller's; the Student gauges read them.
 	states atomic.Pointer[states]
 }
 
@@ -143,10 +143,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return 0
 	})
-	// Every result, action and outcome starts at 0, so that a failure counted after the
-	// first scrape is an increase: increase() and rate() see nothing of a series until
-	// it has two samples. (One counted before the first scrape, as the first sweep's can
-	// be, still shows as a series that starts at 1; the alerts see the next one.)
+	// Every label value starts at 0, so a failure after the first scrape is an increase:
+	// increase() and rate() need two samples. One counted earlier starts its series at 1.
 	for _, result := range []string{resultSuccess, resultError, resultConflict, resultTerminal, resultNotLeading} {
 		m.reconcileTotal.WithLabelValues(result)
 	}
@@ -167,12 +165,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// ObserveFence records whether this controller holds its owner's write fence, and
-// whether it waits for another controller that holds it.
+// ObserveFence records whether this controller holds, or waits for, its owner's fence.
 func (m *Metrics) ObserveFence(held, waiting bool) {
-	if m == nil {
-		return
-	}
 	m.fenceHeld.Set(b2f(held))
 	m.fenceWaiting.Set(b2f(waiting))
 }
@@ -184,56 +178,18 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// observeReleasedAbsent counts a row released because its Student was not found.
-func (m *Metrics) observeReleasedAbsent() {
-	if m == nil {
-		return
-	}
-	m.releasedAbsent.Inc()
-}
-
 // The actions of student_controller_registry_rows_undone_total.
 const (
 	undoneTakenBack = "taken_back"
 	undoneRecreated = "recreated"
 )
 
-// observeUndone counts a row of production's past undone (action).
-func (m *Metrics) observeUndone(action string) {
-	if m == nil {
-		return
-	}
-	m.undone.WithLabelValues(action).Inc()
-}
-
 // SetRegistryBehind says whether the registry is behind the cluster's mark.
 func (m *Metrics) SetRegistryBehind(behind bool) {
-	if m == nil {
-		return
-	}
-	m.registryBehind.Set(map[bool]float64{false: 0, true: 1}[behind])
-}
-
-// observeRewriteRefused counts a row not undone because the bound was reached.
-func (m *Metrics) observeRewriteRefused() {
-	if m == nil {
-		return
-	}
-	m.rewritesRefused.Inc()
-}
-
-// observeRegistryAhead counts a row that was ahead of its Student and follows it again.
-func (m *Metrics) observeRegistryAhead() {
-	if m == nil {
-		return
-	}
-	m.registryAhead.Inc()
+	m.registryBehind.Set(b2f(behind))
 }
 
 func (m *Metrics) observeSync(result string, took time.Duration) {
-	if m == nil {
-		return
-	}
 	m.reconcileTotal.WithLabelValues(result).Inc()
 	m.reconcileDuration.WithLabelValues(result).Observe(took.Seconds())
 }
@@ -246,19 +202,8 @@ func (m *Metrics) counts() (notReady, drifted, paused int, oldest time.Time) {
 	return 0, 0, 0, time.Time{}
 }
 
-// observeLatency records the sync latency of a Student reported Ready.
-func (m *Metrics) observeLatency(took time.Duration) {
-	if m == nil {
-		return
-	}
-	m.syncLatency.Observe(took.Seconds())
-}
-
 // observePlan records a dry run's plan: the count of each action, 0 included.
 func (m *Metrics) observePlan(p Plan) {
-	if m == nil {
-		return
-	}
 	counts := map[string]int{}
 	for _, a := range p.Actions {
 		counts[a.Action]++
@@ -277,13 +222,6 @@ const (
 	rowReleased = registry.ActionReleased
 )
 
-func (m *Metrics) observeRow(action string) {
-	if m == nil {
-		return
-	}
-	m.rowsWritten.WithLabelValues(action).Inc()
-}
-
 // Outcomes of a sweep, the label of the sweep metric.
 const (
 	sweepClean    = "clean"
@@ -293,9 +231,6 @@ const (
 )
 
 func (m *Metrics) observeSweep(r SweepResult, err error, took time.Duration) {
-	if m == nil {
-		return
-	}
 	m.sweepDuration.Observe(took.Seconds())
 	outcome := sweepClean
 	switch {
@@ -320,7 +255,6 @@ type timedRegistry struct {
 	tracer trace.Tracer
 }
 
-// registryOp is one registry operation being timed and traced.
 type registryOp struct {
 	t     timedRegistry
 	name  string
@@ -344,7 +278,7 @@ func (r registryOp) end(err error) {
 
 func (t timedRegistry) observe(op string, start time.Time, err error) {
 	if t.m == nil {
-		return
+		return // tests of the span alone
 	}
 	result := "ok"
 	switch {

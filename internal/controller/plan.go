@@ -12,13 +12,10 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// The actions of a plan: the row writes a sync or a sweep makes (create, update,
-// restore, delete, release), the finalizer put on a Student that lacks it
-// (add-finalizer), a Terminating Student whose finalizer alone comes off (finalize),
-// what the controller refuses (refuse), an observed Student whose row differs from its
-// spec (drifted: reported, never written), and a row the owner released without its
-// Student while it recorded Delete (prunable: only student-controller registry prune
-// deletes it, when asked). Status writes are not planned.
+// Plan actions: the row writes (create, update, restore, delete, release), add-finalizer,
+// and finalize (only a Terminating Student's finalizer comes off). refuse, drifted (an
+// observed Student's row differs from its spec) and prunable (released with policy Delete;
+// only registry prune deletes it) are only reported. Status writes are not planned.
 const (
 	PlanAddFinalizer = "add-finalizer"
 	PlanCreate       = "create"
@@ -38,40 +35,30 @@ type PlannedAction struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	UID       string `json:"uid"`
-	// Cause says why: the cause its history row would record for a row write, what
-	// stands in the way for a refusal.
+	// Cause says why: the history row's cause for a write, or what blocks a refusal.
 	Cause string `json:"cause"`
 }
 
-// Plan is what the controller would do now: the diff of the registry against the
-// Students, as its syncs and its sweep would act on it.
+// Plan is what the controller would do now: the registry compared with the Students.
 type Plan struct {
 	// Actions, ordered by namespace, name and UID.
 	Actions []PlannedAction `json:"actions"`
-	// Students and Rows are what was compared: the Students in scope and the rows the
-	// owner holds in scope. Paused are the Students held still (no action is planned
-	// for them); Malformed the owned rows that cannot be read.
+	// Students and Rows were compared; Paused ones get no action; Malformed are unreadable.
 	Students  int `json:"students"`
 	Rows      int `json:"rows"`
 	Paused    int `json:"paused"`
 	Malformed int `json:"malformed"`
-	// Orphans are owned rows whose Student is gone. SweepRefused says the sweep's
-	// guard would refuse to let go of them (more than SweepBound at once): they are
-	// planned as refused, and stay.
+	// Orphans are owned rows without a Student; SweepRefused: past SweepBound, they stay.
 	Orphans      int  `json:"orphans"`
 	SweepBound   int  `json:"sweepBound"`
 	SweepRefused bool `json:"sweepRefused"`
-	// Prunable are the rows the owner released without their Students while they
-	// recorded Delete: kept until student-controller registry prune deletes them.
+	// Prunable counts the prunable actions.
 	Prunable int `json:"prunable"`
 }
 
-// Changes counts the actions that would change something (all but refusals, drift
-// and prunable rows, which are only reported).
+// Changes counts the actions that would change something: not refuse, drifted, prunable.
 func (p Plan) Changes() int { return changes(p.Actions) }
 
-// changes counts the actions of a plan or an adoption plan that change something: all
-// but refusals and drift, which is only reported.
 func changes(actions []PlannedAction) int {
 	n := 0
 	for _, a := range actions {
@@ -90,20 +77,17 @@ type PlanInput struct {
 	// Rows are the rows Owner holds, in scope; Malformed the ones it cannot read.
 	Rows      []registry.Record
 	Malformed []registry.MalformedRow
-	// Others are the stored rows of Students in scope that Owner does not hold
-	// (another owner's, or released), by UID.
+	// Others are the stored rows of in-scope Students that Owner does not hold, by UID.
 	Others map[string]registry.Record
-	// SweepMaxDeletions and SweepMaxDeletionPercent are the sweep's bound (Config).
+	// SweepMaxDeletions and SweepMaxDeletionPercent bound the sweep (Config).
 	SweepMaxDeletions, SweepMaxDeletionPercent int
 	// NoSweep says the sweep is off (Config.SweepInterval 0): orphan rows stay.
 	NoSweep bool
 	// Released are the rows Owner released that nobody has taken since, in scope.
 	Released []registry.Record
-	// History are the last history rows, by row uid, of the rows of Students in scope
-	// whose decision asks for it: missing after they were written, or their binding lost.
+	// History is the last history row, by row uid, of rows missing or with a lost binding.
 	History map[string]registry.HistoryEntry
-	// CRD is the state of the served Student CRD, current when unset; CRDOlder says
-	// it lacks fields the controller writes.
+	// CRD is the served CRD's state (current when unset); CRDOlder: it lacks our fields.
 	CRD      decide.CRD
 	CRDOlder bool
 	// RegistryBehind says the registry is behind the cluster's mark, unconfirmed.
@@ -112,9 +96,7 @@ type PlanInput struct {
 	MaxUndo int
 }
 
-// ComputePlan says what the controller would do for in: each Student as its sync
-// decides (decide.Settle, over the row read first), and the orphan rows as the sweep
-// would. It is a pure function of its input.
+// ComputePlan is what the controller's syncs and sweep would do for in: a pure function.
 func ComputePlan(in PlanInput) Plan {
 	plan := Plan{Students: len(in.Students), Rows: len(in.Rows), Malformed: len(in.Malformed)}
 	rows := in.rowFacts()
@@ -151,8 +133,7 @@ func ComputePlan(in PlanInput) Plan {
 	return plan
 }
 
-// rowFacts is what the plan knows of each row, by uid: read first, as a sync would
-// find it. A row of another owner that cannot be read is refused as theirs.
+// rowFacts is each row by uid, as a sync would read it first.
 func (in PlanInput) rowFacts() map[string]decide.Row {
 	rows := make(map[string]decide.Row, len(in.Rows)+len(in.Malformed)+len(in.Others))
 	for _, r := range in.Rows {
@@ -167,8 +148,7 @@ func (in PlanInput) rowFacts() map[string]decide.Row {
 	return rows
 }
 
-// answer is the plan's answer to what a decision asks for: the API server holds what
-// the plan compares, the history is in.History and the CRD in.CRD.
+// answer answers a decision's question from in; its Students are current (quorum).
 func (in PlanInput) answer(a decide.Ask, f *decide.Facts) error {
 	switch a {
 	case decide.AskQuorum:
@@ -184,7 +164,6 @@ func (in PlanInput) answer(a decide.Ask, f *decide.Facts) error {
 	return nil
 }
 
-// planned is what a decision for s does, as a plan lists it.
 func planned(s *studentv1.Student, d decide.Decision) []PlannedAction {
 	var out []PlannedAction
 	add := func(action, cause string) {
@@ -228,8 +207,7 @@ func planned(s *studentv1.Student, d decide.Decision) []PlannedAction {
 	return out
 }
 
-// sweep plans the rows without a Student in seen, as the sweep would let them go,
-// and the rows registry prune would delete.
+// sweep plans the orphan rows (no Student in seen) as the sweep would, and prunable rows.
 func (plan *Plan) sweep(in PlanInput, seen map[string]bool) {
 	var orphans []registry.Record
 	for i, r := range in.Rows {
@@ -240,7 +218,7 @@ func (plan *Plan) sweep(in PlanInput, seen map[string]bool) {
 	plan.Orphans = len(orphans)
 	plan.SweepBound = decide.SweepBound(in.SweepMaxDeletions, in.SweepMaxDeletionPercent, len(in.Rows))
 	hold := decide.SweepHolds(len(orphans), plan.SweepBound, in.RegistryBehind)
-	plan.SweepRefused = !in.NoSweep && hold != decide.SweepLetsGo
+	plan.SweepRefused = !in.NoSweep && hold == decide.SweepPastBound
 	for _, r := range orphans {
 		a := PlannedAction{Action: PlanRefuse, Namespace: r.Namespace, Name: r.Name, UID: r.UID}
 		switch {
@@ -264,14 +242,10 @@ func (plan *Plan) sweep(in PlanInput, seen map[string]bool) {
 	}
 }
 
-// planMarkObserved is the cause of the one write an observed Student makes: the mark of
-// a row it managed until then.
 const planMarkObserved = "observed: the row is marked so, and nothing else of it changes"
 
-// planRebind is the cause of the write that binds a row to its Student again.
 const planRebind = "the row lost its binding to this Student: it is bound again"
 
-// planAction is the plan's name of a row write's action.
 func planAction(action string) string {
 	switch action {
 	case rowCreated:
@@ -282,32 +256,26 @@ func planAction(action string) string {
 	return PlanUpdate
 }
 
-// PlanScope is what a plan compares: whose rows, of which Students, and the sweep's
-// bound.
+// PlanScope says what a plan compares: whose rows, of which Students, the sweep's bound.
 type PlanScope struct {
 	Owner string
-	// Scope limits the rows to those of its namespaces (the controller's --namespace);
-	// the Students given must be those of the Scope.
+	// Scope limits rows to its namespaces (--namespace); the Students given must be in it.
 	Scope                                      Scope
 	SweepMaxDeletions, SweepMaxDeletionPercent int
 	// NoSweep says the controller does not sweep (--sweep-interval=0).
 	NoSweep bool
-	// CRD is the state of the served Student CRD, current when unset (CRDOlder: it
-	// lacks fields); MaxUndo the bound of rows undone (--registry-max-rewinds), 100
-	// when unset.
+	// CRD, CRDOlder, RegistryBehind and MaxUndo are as in PlanInput.
 	CRD            decide.CRD
 	CRDOlder       bool
 	RegistryBehind bool
 	MaxUndo        int
-	// Exists asks the API server whether a row's Student is there. With a label
-	// selector it is asked of each owned row whose Student is not among those given:
-	// a Student there outside the selector keeps its row, out of scope.
+	// Exists says whether a row's Student exists. With a label selector, an owned row whose
+	// Student is not given but exists (outside the selector) keeps its row, out of scope.
 	Exists func(ctx context.Context, row registry.Record) (bool, error)
 }
 
-// PlanFor reads what ComputePlan compares from the registry, only reading: the rows
-// scope.Owner holds in scope, and the stored row of each Student it does not hold.
-// students are the Students in scope, as the API server has them now.
+// PlanFor reads (never writes) what ComputePlan compares: the rows scope.Owner holds in
+// scope, and the stored row of each of students (in scope, current) it does not hold.
 func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*studentv1.Student) (Plan, error) {
 	in := PlanInput{Owner: scope.Owner, Students: students, Others: map[string]registry.Record{}, History: map[string]registry.HistoryEntry{},
 		SweepMaxDeletions: scope.SweepMaxDeletions, SweepMaxDeletionPercent: scope.SweepMaxDeletionPercent, NoSweep: scope.NoSweep,
@@ -316,7 +284,7 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 	if err != nil {
 		return Plan{}, err
 	}
-	// Every row the owner holds, of any namespace, before rowsIn filters owned in place.
+	// All rows the owner holds, in any namespace: rowsIn filters owned in place.
 	held := make(map[string]bool, len(owned)+len(malformed))
 	for _, r := range owned {
 		held[r.UID] = true
@@ -345,9 +313,8 @@ func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*s
 	return ComputePlan(in), nil
 }
 
-// readOthers reads the row of each of students whose row is not held by the owner:
-// another owner's, released, unreadable or missing; and, for a missing row written
-// before, its last history row when that is a delete.
+// readOthers reads the row of each of students that the owner does not hold, and its
+// last history row where the decision asks for it: the decision drives the reads.
 func (in *PlanInput) readOthers(ctx context.Context, rows rowReader, students []*studentv1.Student, held map[string]bool) error {
 	for _, s := range students {
 		key := RowUID(s)
@@ -355,37 +322,39 @@ func (in *PlanInput) readOthers(ctx context.Context, rows rowReader, students []
 			continue
 		}
 		row, err := rows.Get(ctx, key)
+		f := studentFacts(in.Owner, s)
+		f.Row, f.UndoLeft, f.CRDOlder = decide.Row{Read: decide.Found, Record: row}, true, in.CRDOlder
 		switch {
-		case errors.Is(err, registry.ErrNotFound) && wasWritten(s), err == nil && decide.BindingLost(row, true, studentFacts(in.Owner, s).Student):
-			// Missing after it was written (restored, unless its finalizer deleted it),
-			// or its binding lost (bound again if the history says it was the owner's).
-			last, ok, err := rows.LastHistory(ctx, s.Namespace, s.Name, key)
-			if err != nil {
-				return err
+		case errors.Is(err, registry.ErrNotFound):
+			f.Row = decide.Row{Read: decide.Absent}
+		case errors.Is(err, registry.ErrMalformed):
+			// Unreadable, and not the owner's (List has those): refused as another's row.
+			f.Row.Record = registry.Record{UID: key, Owner: "(unreadable)"}
+		case err != nil:
+			return err
+		}
+		if f.Row.Read == decide.Found {
+			in.Others[key] = f.Row.Record
+		}
+		_, err = decide.Settle(&f, func(a decide.Ask, f *decide.Facts) error {
+			if a != decide.AskHistory {
+				return in.answer(a, f)
 			}
+			last, ok, err := rows.LastHistory(ctx, s.Namespace, s.Name, key)
 			if ok {
 				in.History[key] = last
 			}
-			if row.UID != "" {
-				in.Others[row.UID] = row
-			}
-		case errors.Is(err, registry.ErrNotFound):
-			// Missing: created.
-		case errors.Is(err, registry.ErrMalformed):
-			// Unreadable and not the owner's (List has the owner's): the upsert is
-			// refused, as for any row of another owner.
-			in.Others[key] = registry.Record{UID: key, Owner: "(unreadable)"}
-		case err != nil:
+			f.History, f.Deleted = decide.HistoryOf(f.Owner, last, ok), last
 			return err
-		default:
-			in.Others[row.UID] = row
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// withoutOutOfScope drops the rows whose Student is not among students but exists:
-// outside the label selector.
+// withoutOutOfScope drops the rows whose Student exists outside the label selector.
 func withoutOutOfScope(ctx context.Context, rows []registry.Record, students []*studentv1.Student,
 	exists func(context.Context, registry.Record) (bool, error)) ([]registry.Record, error) {
 	given := make(map[string]bool, len(students))

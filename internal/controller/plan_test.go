@@ -338,7 +338,7 @@ func TestPlanUndoBound(t *testing.T) {
 	}
 	want := []string{
 		"update a: " + registry.CauseRegistryAhead,
-		"refuse b: row uid-b is ahead of its Student and past the bound of rows taken back",
+		"refuse b: row uid-b is ahead of its Student and is past the bound of rows undone",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("plan (-want +got):\n%s", diff)

@@ -19,16 +19,14 @@ import (
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
-// Scope is which Students a controller watches: those of Namespaces (every namespace
-// when empty) whose labels match Selector (all when nil). The API server does the
-// filtering: the informers ask for the scope's Students alone.
+// Scope is which Students a controller watches: those of Namespaces (all when empty) whose
+// labels match Selector (all when nil). The informers ask the API server for these alone.
 type Scope struct {
 	Namespaces []string
 	Selector   labels.Selector
 }
 
-// ParseScope reads the controller's --namespace (names separated by commas) and
-// --selector (a label selector, as kubectl's -l takes it).
+// ParseScope reads --namespace (a comma-separated list) and --selector (as kubectl's -l).
 func ParseScope(namespaces, selector string) (Scope, error) {
 	var s Scope
 	for ns := range strings.SplitSeq(namespaces, ",") {
@@ -62,13 +60,11 @@ func (s Scope) Contains(namespace string) bool {
 	return len(s.Namespaces) == 0 || slices.Contains(s.Namespaces, namespace)
 }
 
-// Labeled says whether the scope selects Students by label. Then a row's Student may
-// exist outside the scope (its labels do not match): only the API server can tell such
-// a row from an orphan.
+// Labeled says whether the scope selects by label. Then a row's Student may exist outside
+// the scope, and only the API server can tell such a row from an orphan.
 func (s Scope) Labeled() bool { return s.Selector != nil && !s.Selector.Empty() }
 
-// String says the scope for people: "all namespaces", "namespaces a, b", with the
-// selector after it.
+// String says the scope for people: "all namespaces", "namespaces a, b", and labels.
 func (s Scope) String() string {
 	where := "all namespaces"
 	switch len(s.Namespaces) {
@@ -84,10 +80,8 @@ func (s Scope) String() string {
 	return where
 }
 
-// rowsIn keeps the rows of the scope's namespaces. A row of another namespace belongs
-// to whichever controller watches that namespace: its Student is not in this cache,
-// and taking it for an orphan would let go of a row that is not this controller's to
-// judge.
+// rowsIn keeps the rows of the scope's namespaces. A row of another namespace is not this
+// controller's to judge: its Student is not in this cache.
 func (s Scope) rowsIn(rows []registry.Record) []registry.Record {
 	if len(s.Namespaces) == 0 {
 		return rows
@@ -95,22 +89,16 @@ func (s Scope) rowsIn(rows []registry.Record) []registry.Record {
 	return slices.DeleteFunc(rows, func(r registry.Record) bool { return !s.Contains(r.Namespace) })
 }
 
-// Informers are the Student informers of a scope: one over every namespace, or one
-// per namespace of the scope (a watch names one namespace or all), each asking the API
-// server for the scope's labels alone. Together they are one cache of cachedStudents:
-// get looks a Student up in its namespace's informer, list lists them all.
+// Informers are a scope's Student informers: one for all namespaces, or one per namespace
+// (a watch names one or all), each filtered by its labels. Together they are one cache.
 type Informers struct {
 	informers map[string]*informer.Informer // by namespace; "" when one has all
 	running   sync.WaitGroup
 }
 
-// NewInformers returns the informers of scope, resynced every resync, which keep what
-// compact makes of each Student. Add the handlers, call Start, then Shutdown once its
-// stop channel is closed.
-//
-// An informer has no namespace index, which the generated one would add: the
-// controller looks Students up by key and lists them all, never by namespace, and the
-// index would hold a second set of every key.
+// NewInformers returns scope's informers, resynced every resync, which keep what compact
+// makes. Add the handlers, call Start, then Shutdown once stop is closed. No namespace
+// index: nothing looks Students up by namespace, and it would hold a second set of keys.
 func NewInformers(client versioned.Interface, scope Scope, resync time.Duration) *Informers {
 	namespaces := scope.Namespaces
 	if len(namespaces) == 0 {
@@ -159,8 +147,7 @@ func (in *Informers) addEventHandler(handler cache.ResourceEventHandler) error {
 	return nil
 }
 
-// indexer is the cache that holds the Students of namespace (every Student, in a
-// scope of all namespaces); nil for a namespace outside the scope.
+// indexer is the cache of namespace's Students; nil for a namespace outside the scope.
 func (in *Informers) indexer(namespace string) cache.Indexer {
 	if i, ok := in.informers[metav1.NamespaceAll]; ok {
 		return i.Indexer()
@@ -171,8 +158,7 @@ func (in *Informers) indexer(namespace string) cache.Indexer {
 	return nil
 }
 
-// Put puts s into the cache as a watch would deliver it, made compact; it fails for a
-// Student outside the scope's namespaces. Tests and benchmarks fill the cache with it.
+// Put adds s to the cache as a watch would; it fails outside the scope. For tests.
 func (in *Informers) Put(s *studentv1.Student) error {
 	indexer := in.indexer(s.Namespace)
 	if indexer == nil {
@@ -181,8 +167,7 @@ func (in *Informers) Put(s *studentv1.Student) error {
 	return indexer.Update(compactStudent(s))
 }
 
-// Remove removes the Student namespace/name from the cache, as a watch would deliver
-// its deletion.
+// Remove removes the Student namespace/name from the cache, as a watch would.
 func (in *Informers) Remove(namespace, name string) error {
 	indexer := in.indexer(namespace)
 	if indexer == nil {
@@ -219,9 +204,8 @@ func (in *Informers) list() []*cachedStudent {
 	return all
 }
 
-// asCached is a cached object as a cachedStudent. The transform made every one; a
-// Student that reached the cache some other way is made compact here rather than taken
-// for gone (the sweep would take its row for an orphan).
+// asCached is a cached object as a cachedStudent. A Student that reached the cache some
+// other way is made compact, not taken for gone (its row would look orphaned).
 func asCached(obj any) *cachedStudent {
 	switch o := obj.(type) {
 	case *cachedStudent:

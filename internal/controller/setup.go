@@ -25,9 +25,8 @@ import (
 	studentscheme "github.com/student-controller/student-controller/pkg/generated/clientset/versioned/scheme"
 )
 
-// Wiring is a Controller with what it runs on: the clients, the Event recorder and
-// the informers. NewWiring is the one place that builds them, for the binary and
-// for the tests alike.
+// Wiring is a Controller with its clients, Event recorder and informers. NewWiring is the
+// one place that builds them, for the binary and the tests alike.
 type Wiring struct {
 	// KubeClient reaches the built-in APIs (Events, the leader election Lease).
 	KubeClient kubernetes.Interface
@@ -46,8 +45,7 @@ type Wiring struct {
 type WiringOptions struct {
 	// Scope limits the Controller to some namespaces and labels; all when zero.
 	Scope Scope
-	// TracerProvider, when set, traces each sync (Config.Tracer) and the API requests
-	// made within it, whose trace kube-apiserver continues.
+	// TracerProvider, when set, traces each sync (Config.Tracer) and its API requests.
 	TracerProvider trace.TracerProvider
 	// ResyncPeriod replays every cached Student this often; 0 never.
 	ResyncPeriod time.Duration
@@ -55,9 +53,8 @@ type WiringOptions struct {
 	Config Config
 }
 
-// NewWiring builds the clients from restConfig (given the controller's user agent), the
-// Event recorder, the informers and the Controller over reg. It starts nothing
-// but the recorder: call Start, then Controller.Run, and Shutdown when done.
+// NewWiring builds the clients, Event recorder, informers and the Controller over reg. It
+// starts only the recorder: call Start, then Controller.Run, and Shutdown when done.
 func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts WiringOptions) (*Wiring, error) {
 	cfg := rest.CopyConfig(restConfig)
 	cfg.UserAgent = rest.DefaultKubernetesUserAgent() + " " + Name
@@ -103,11 +100,9 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 // crdName is the Student CRD's name.
 var crdName = "students." + studentv1.SchemeGroupVersion.Group
 
-// crdDeleting returns Config.CRDDeleting over client: a GET of the CRD's metadata,
-// asked by each finalizer that would delete a row, since the API server marks the CRD
-// deleted just before it deletes its Students. The answer is the CRD's as served now:
-// a CRD applied again after a deletion is a new object, and its Students' rows are
-// deleted by their finalizers again.
+// crdDeleting returns Config.CRDDeleting: a GET of the CRD's metadata by each finalizer
+// that would delete a row, since the API server marks the CRD deleted just before it
+// deletes its Students. A CRD applied again is a new object: its rows are deleted again.
 func crdDeleting(client metadata.Interface) func(context.Context) (bool, error) {
 	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 	return func(ctx context.Context) (bool, error) {
@@ -122,8 +117,7 @@ func crdDeleting(client metadata.Interface) func(context.Context) (bool, error) 
 	}
 }
 
-// Start starts the informers. They run on every replica, leader or not, so that a
-// standby takes over with a warm cache.
+// Start starts the informers, on every replica, so a standby takes over with a warm cache.
 func (w *Wiring) Start(ctx context.Context) {
 	w.informers.Start(ctx.Done())
 	w.crdDone = make(chan struct{})
@@ -133,8 +127,7 @@ func (w *Wiring) Start(ctx context.Context) {
 	}()
 }
 
-// Shutdown waits for the informers to stop (after Start's ctx is done) and stops the
-// Event recorder.
+// Shutdown waits for the informers (after Start's ctx is done) and stops the recorder.
 func (w *Wiring) Shutdown() {
 	w.informers.Shutdown()
 	if w.crdDone != nil {
@@ -143,20 +136,15 @@ func (w *Wiring) Shutdown() {
 	w.broadcaster.Shutdown()
 }
 
-// eventCacheSize is how many recent Events each of the event correlator's three
-// caches remembers (client-go's default is 4096). The correlator folds repeats of one
-// Event on one object; repeats come from the few objects that fail again and again,
-// and 512 remember those; 4096 would keep megabytes once a few thousand Students have
-// had one Event each (bench/results/history.md).
+// eventCacheSize is how many recent Events each of the correlator's three caches keeps.
+// Repeats come from the few objects that fail again and again, and 512 cover those;
+// client-go's 4096 would hold megabytes (bench/results/history.md).
 const eventCacheSize = 512
 
-// NewEventRecorder starts the broadcaster that posts the controller's Events through
-// client and logs them at -v=4, and returns it with a recorder for Students, the
-// leader election Lease and object references (the sweep's Pod). Shut the broadcaster
-// down when done.
+// NewEventRecorder starts a broadcaster posting Events through client (logged at -v=4) and
+// returns it with a recorder for Students, the Lease and references; shut it down after.
 func NewEventRecorder(ctx context.Context, client typedcorev1.EventsGetter) (record.EventBroadcaster, record.EventRecorder) {
-	// The recorder's scheme only needs the kinds Events are posted on (a reference needs
-	// none); client-go's scheme of every built-in kind would be a second copy in memory.
+	// Only the kinds Events are posted on: client-go's full scheme would be a second copy.
 	scheme := runtime.NewScheme()
 	utilruntime.Must(studentscheme.AddToScheme(scheme))
 	utilruntime.Must(coordinationv1.AddToScheme(scheme))

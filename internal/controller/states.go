@@ -11,10 +11,8 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// states are what the controller knows of its Students between syncs, which the
-// metrics read: those not Ready after their last sync, those drifted, those paused
-// (since when), and the clocks of the sync latency. Only what is out of line is
-// kept, so that they cost nothing while all is well.
+// states are what the controller keeps of its Students between syncs, for the metrics.
+// Only what is out of line is kept, so they cost nothing while all is well.
 type states struct {
 	mu          sync.Mutex
 	notReady    map[string]struct{}
@@ -27,9 +25,8 @@ func newStates() *states {
 	return &states{notReady: map[string]struct{}{}, drifted: map[string]struct{}{}, pausedSince: map[string]time.Time{}}
 }
 
-// synced records whether the Student of key is Ready after its sync and, when known,
-// drifted. A drifted Student counts as drifted, not as not Ready: drift is what
-// observing reports, not a fault.
+// synced records whether key's Student is Ready after its sync and, if known, drifted.
+// Drift is counted apart from not Ready: it is what observing reports, not a fault.
 func (s *states) synced(key string, ready bool, drifted *bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -47,8 +44,7 @@ func mark(set map[string]struct{}, key string, in bool) {
 	}
 }
 
-// paused records that the Student of key is paused, since then; unpaused that it is
-// not (or gone).
+// paused records that key's Student is paused since then; unpaused, that it is not.
 func (s *states) paused(key string, since time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -61,17 +57,14 @@ func (s *states) unpaused(key string) {
 	delete(s.pausedSince, key)
 }
 
-// forget drops a Student that is gone or being deleted from the not-Ready and
-// drifted ones and the clocks of the sync latency, and one that is gone from the
-// paused ones.
+// forget drops a Student gone or being deleted from the not-Ready and drifted sets and
+// the latency clocks, and one that is gone from the paused ones.
 func (s *states) forget(key string) {
 	s.synced(key, true, new(false))
 	s.unpaused(key)
 	s.generations.forget(key)
 }
 
-// counts are how many Students are not Ready, drifted and paused, and since when the
-// one paused longest.
 func (s *states) counts() (notReady, drifted, paused int, oldest time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -83,13 +76,9 @@ func (s *states) counts() (notReady, drifted, paused int, oldest time.Time) {
 	return len(s.notReady), len(s.drifted), len(s.pausedSince), oldest
 }
 
-// newGenerations times each Student's new generation from the watch event that
-// brings it to the sync that reports it Ready: the wait a user sees
-// (student_controller_sync_latency_seconds). Each generation has its own clock; a
-// newer generation that arrives first replaces it, unobserved. Only generations not
-// yet reported Ready are kept, so it holds nothing while all is in line; its map is
-// made anew once empty, since a Go map never shrinks and a burst of new Students would
-// keep it at the burst's size.
+// newGenerations times each generation from the watch event that brings it to the sync
+// reporting it Ready (student_controller_sync_latency_seconds); a newer one replaces it.
+// Only unreported ones are kept; the map is dropped when empty, as Go maps never shrink.
 type newGenerations struct {
 	mu sync.Mutex
 	at map[string]seenGeneration
@@ -100,11 +89,9 @@ type seenGeneration struct {
 	at         time.Time
 }
 
-// seen records what a watch event shows of the Student of key. A generation not yet
-// Ready starts its clock, unless that generation's runs already; one Ready (reported
-// by this controller, or by the leader while this replica stands by) stops it
-// unobserved. Students that are paused or being deleted are not timed: nothing is
-// promised for them.
+// seen records a watch event of key's Student. A generation not yet Ready starts a clock
+// unless one runs for it; Ready (reported here, or by the leader while this replica stands
+// by) stops it unobserved. Paused or deleting Students are not timed: nothing is promised.
 func (g *newGenerations) seen(key string, generation int64, ready, untimed bool, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -122,8 +109,8 @@ func (g *newGenerations) seen(key string, generation int64, ready, untimed bool,
 	}
 }
 
-// reported stops the clock of key once a sync has reported generation Ready, and says
-// how long it ran; false when no clock of that generation or an older one ran.
+// reported stops key's clock once a sync reports generation Ready, and says how long it
+// ran; false when no clock of that generation or an older one ran.
 func (g *newGenerations) reported(key string, generation int64, now time.Time) (time.Duration, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -135,7 +122,6 @@ func (g *newGenerations) reported(key string, generation int64, now time.Time) (
 	return now.Sub(p.at), true
 }
 
-// forget stops the clock of a Student that is gone.
 func (g *newGenerations) forget(key string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -24,14 +24,9 @@ func registryStatus(row registry.Record) *studentv1.RegistryStatus {
 	return &studentv1.RegistryStatus{Owner: row.Owner, LastWrittenTime: &written, WrittenGeneration: row.Generation}
 }
 
-// updateStatus writes the status the decision wants (st) on s, only if that changes
-// anything, and reports whether it wrote: the one place a Student's status is written.
-// row is the row written or found, for status.registry. The status it writes is no
-// longer paused, and records a reconcile request as handled. The paused form sets
-// Synced=False alone, and leaves the rest as the controller last saw it.
-//
-// A drifted Student is counted in students_drifted, not in students_not_ready: drift
-// is what observing reports, not a fault.
+// updateStatus writes st on s if it changes anything, and reports whether it wrote; it is
+// the only writer of a Student's status. row (written or found) fills status.registry. It
+// clears the paused form (Synced=False alone) and marks a reconcile request handled.
 func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st decide.Status, row registry.Record) (bool, error) {
 	key := cache.MetaObjectToName(s).String()
 	now := metav1.NewTime(c.clock.Now().Truncate(time.Second))
@@ -41,8 +36,8 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st 
 	}
 	var drifted *bool
 	if st.Drifted != nil || s.Spec.Management != studentv1.ManagementObserve {
-		// An observed Student's failure (the registry out of reach) keeps what it last
-		// found, as its status does.
+		// An observed Student's failure (the registry out of reach) keeps the drift it
+		// last found, as its status does.
 		drifted = new(st.Drifted != nil && *st.Drifted)
 	}
 	c.states.synced(key, st.Ready || st.Reason == studentv1.ReasonDrifted, drifted)
@@ -94,7 +89,6 @@ func (c *Controller) writePaused(ctx context.Context, s *studentv1.Student, stat
 	return changed, err
 }
 
-// writeStatus writes status on s when it differs from what s has.
 func (c *Controller) writeStatus(ctx context.Context, s *studentv1.Student, status studentv1.StudentStatus) (bool, error) {
 	if equality.Semantic.DeepEqual(s.Status, status) {
 		return false, nil
@@ -108,7 +102,6 @@ func (c *Controller) writeStatus(ctx context.Context, s *studentv1.Student, stat
 	return true, nil
 }
 
-// isDrifted says whether s's status says its observed row differs from its spec.
 func isDrifted(s *studentv1.Student) bool {
 	return meta.IsStatusConditionTrue(s.Status.Conditions, studentv1.ConditionDrifted)
 }

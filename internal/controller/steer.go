@@ -6,14 +6,12 @@ import (
 
 // The annotations by which an operator steers one Student (studentv1 documents them).
 
-// paused says whether the paused annotation holds the Student still: only the value
-// "true" does, so that a typo never pauses a Student nobody meant to.
+// paused says whether the annotation pauses the Student: only "true", so typos never do.
 func paused(s *studentv1.Student) bool {
 	return s.Annotations[studentv1.AnnotationPaused] == "true"
 }
 
-// reconcileRequest is the token of an unhandled reconcile request, "" when there is
-// none: the annotation's value, when status does not record it as handled yet.
+// reconcileRequest is the annotation's token until status records it handled, else "".
 func reconcileRequest(s *studentv1.Student) string {
 	token := s.Annotations[studentv1.AnnotationReconcileRequestedAt]
 	if token == s.Status.LastHandledReconcileAt {
@@ -22,14 +20,12 @@ func reconcileRequest(s *studentv1.Student) string {
 	return token
 }
 
-// maxReconcileToken is the longest reconcile request token, in characters, that status
-// records (the CRD's bound on status.lastHandledReconcileAt): a longer one is handled,
-// not recorded.
+// maxReconcileToken is the longest token status records (the CRD's bound on
+// status.lastHandledReconcileAt); a longer one is handled, not recorded.
 const maxReconcileToken = 256
 
-// steered says whether an update changed how the operator steers the Student: pause,
-// unpause, a new reconcile request, or the row it names. The API server does not bump
-// the generation for annotations, so needsSync asks this.
+// steered says whether an update changed how the operator steers the Student: pause, a
+// new reconcile request, or the row it names. Annotations do not bump the generation.
 func steered(oldS, newS *cachedStudent) bool {
 	return oldS.isPaused() != newS.isPaused() || oldS.rareField().reconcileRequestedAt != newS.rareField().reconcileRequestedAt ||
 		oldS.rowUID() != newS.rowUID()

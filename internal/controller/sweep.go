@@ -12,9 +12,8 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-// sweepRows decides for every row of the owner (decide.Sweep) and every cached
-// Student without one: the Students whose rows to repair (resync), and the rows
-// without a Student (orphans).
+// sweepRows runs decide.Sweep for every owned row and every cached Student without one:
+// it returns the Students whose rows to repair, and the rows without a Student.
 func sweepRows(owner string, rows []registry.Record, students []*cachedStudent) (resync []string, orphans []registry.Record) {
 	byRow := make(map[string]*cachedStudent, len(students))
 	for _, s := range students {
@@ -51,32 +50,27 @@ type SweepResult struct {
 	Rows    int // owned rows compared
 	Resync  int // Students queued to repair their rows
 	Orphans int // owned rows without a Student
-	// Released are orphan rows released as they stood, with the policy they record:
-	// no path that finds a row without its Student deletes it.
+	// Released orphans keep the policy they record: a missing Student never deletes a row.
 	Released int
-	// Live are orphans by the cache whose Student the API server still has: the cache
-	// was behind (a watch cut, a new leader's first minutes), and the row stays.
+	// Live are cache orphans whose Student the API server still has: the cache was
+	// behind (a watch cut, a new leader's first minutes), and the row stays.
 	Live int
-	// Malformed are owned rows that cannot be read, skipped: their Students' syncs
-	// rewrite them, and rows of no Student are left to whoever wrote them.
+	// Malformed owned rows are skipped: their Students' syncs rewrite them, if any.
 	Malformed int
-	// Refused is set when the orphans were more than the safety bound allows, and
-	// none was deleted or released.
+	// Refused: the sweep let go of none (orphans past the bound, or registry behind).
 	Refused bool
 }
 
-// Sweep compares every row this controller owns with the Students in the cache: rows
-// that are missing or differ are repaired by queueing their Student, and owned rows
-// whose Student is gone are released as they stand (never deleted: absence is no
-// evidence of a deletion), unless there are more of them than the bound allows. Run only calls it once the
-// cache has synced.
+// Sweep compares owned rows with cached Students (Run calls it once the cache synced):
+// it queues the Students of missing or differing rows, and releases rows whose Student is
+// gone, unless past the bound. It never deletes them: absence is no proof of deletion.
 func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	logger := klog.FromContext(ctx)
 	if err := c.sweepMayWrite(ctx); err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
 	}
-	// Rows first, cache second: a Student deleted in between has had its row let go by
-	// its finalizer, so a stale row read here at worst costs a release that finds nothing.
+	// Rows first, cache second: a Student deleted in between had its row let go by its
+	// finalizer, so a stale row here costs at most a release that finds nothing.
 	rows, malformed, err := c.rows.List(ctx, c.cfg.Owner)
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweep: %w", err)
@@ -95,8 +89,8 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 		return result, fmt.Errorf("sweep: %w", err)
 	}
 	if c.cfg.Scope.Labeled() && len(orphans) > 0 {
-		// A row's Student may be there with labels outside the selector: out of scope,
-		// neither an orphan nor one of the rows the guard's share is of (as plan counts).
+		// A Student may exist with labels outside the selector: its row is out of scope,
+		// neither an orphan nor counted in the guard's share (as plan counts).
 		var err error
 		if orphans, err = c.withoutLive(ctx, orphans, &result); err != nil {
 			return result, err
@@ -119,26 +113,20 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	return result, nil
 }
 
-// sweepMayWrite checks what a sweep checks before it reads: a controller of a newer
-// version may have migrated the schema since this one started (a rolling update, a
-// second install), or the owner been moved to another cluster while this one ran.
+// sweepMayWrite checks, before reading, that no newer controller migrated the schema (a
+// rolling update, a second install) and that the owner was not moved to another cluster.
 func (c *Controller) sweepMayWrite(ctx context.Context) error {
 	_, err := c.write.apply(ctx, registry.Op{Kind: registry.OpBind, Record: registry.Record{Owner: c.cfg.Owner}, Cluster: c.cfg.Cluster})
 	return err
 }
 
-// sweepRefuses says whether the sweep lets go of none of orphans, out of the rows it
-// owns (decide.SweepHolds). It logs why, and posts SweepRefused past the bound.
+// sweepRefuses says whether the sweep lets no orphan go (decide.SweepHolds), logging why.
 func (c *Controller) sweepRefuses(logger klog.Logger, orphans []registry.Record, rows, students int) bool {
 	bound := c.sweepBound(rows)
 	switch decide.SweepHolds(len(orphans), bound, c.registryBehind() != nil) {
 	case decide.SweepPastBound:
-		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find: "+
-			"more than it lets go at once (%d). A controller that watches the wrong cluster or namespaces, or a Student CRD "+
-			"deleted or not yet served, looks like this. Nothing was deleted or released; the rows stay until their "+
-			"Students are seen again. If those Students really are gone, raise --sweep-max-deletions and --sweep-max-deletion-percent "+
-			"for one sweep: released rows are kept, and student-controller registry prune deletes those whose policy was Delete",
-			len(orphans), rows, bound)
+		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find, more than "+
+			"it lets go at once (%d): nothing was released (docs/runbooks.md#studentsweeprefused)", len(orphans), rows, bound)
 		logger.Error(nil, msg, "orphans", len(orphans), "rows", rows, "bound", bound, "students", students)
 		if c.cfg.SweepEventTarget != nil {
 			c.write.warn(c.cfg.SweepEventTarget, EventSweepRefused, msg)
@@ -152,9 +140,8 @@ func (c *Controller) sweepRefuses(logger klog.Logger, orphans []registry.Record,
 	return false
 }
 
-// letGoOrphans releases each of orphans whose Student the API server, asked now, does
-// not have either (the cache may be behind; withoutLive asked already under a label
-// selector), and counts what it did in result.
+// letGoOrphans releases each orphan whose Student the API server, asked now, lacks too (the
+// cache may be behind; withoutLive already asked under a selector), and counts in result.
 func (c *Controller) letGoOrphans(ctx context.Context, orphans []registry.Record, result *SweepResult) []error {
 	var errs []error
 	for _, row := range orphans {
@@ -171,7 +158,6 @@ func (c *Controller) letGoOrphans(ctx context.Context, orphans []registry.Record
 		}
 		outcome, err := c.relinquishWithin(ctx, row.UID)
 		if errors.Is(err, ErrNotLeading) {
-			// The next leader's sweep does it, or this one's once it has renewed.
 			return append(errs, err)
 		}
 		if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
@@ -190,14 +176,11 @@ func (c *Controller) letGoOrphans(ctx context.Context, orphans []registry.Record
 	return errs
 }
 
-// sweepBound is the most orphan rows one sweep lets go of, out of the rows the owner
-// holds (decide.SweepBound).
 func (c *Controller) sweepBound(rows int) int {
 	return decide.SweepBound(c.cfg.SweepMaxDeletions, c.cfg.SweepMaxDeletionPercent, rows)
 }
 
-// withoutLive keeps the orphans by the cache whose Students the API server does not
-// have, and counts the others in result.Live.
+// withoutLive drops the orphans whose Student still exists, counting them in result.Live.
 func (c *Controller) withoutLive(ctx context.Context, orphans []registry.Record, result *SweepResult) ([]registry.Record, error) {
 	var gone []registry.Record
 	for _, row := range orphans {
@@ -215,8 +198,7 @@ func (c *Controller) withoutLive(ctx context.Context, orphans []registry.Record,
 	return gone, nil
 }
 
-// studentExists asks the API server whether the Student of a row exists: by the
-// namespace and name the row records, a Student that may be the row's (HasRow).
+// studentExists asks the API server whether the row's Student exists (HasRow).
 func (c *Controller) studentExists(ctx context.Context, row registry.Record) (bool, error) {
 	live, err := c.getStudent(ctx, row.Namespace, row.Name)
 	switch {
@@ -240,9 +222,8 @@ func (c *Controller) reportMalformed(logger klog.Logger, rows []registry.Malform
 	c.malformed = seen
 }
 
-// relinquishWithin lets go of row uid for the sweep, bounded by --sync-timeout as a
-// sync's registry calls are: the write may share a transaction with the workers'
-// (group commit), which ends only once every write in it has given up.
+// relinquishWithin lets go of row uid, bounded by --sync-timeout like a sync's calls:
+// the write may share a group-commit transaction that ends only once all give up.
 func (c *Controller) relinquishWithin(ctx context.Context, uid string) (registry.Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
 	defer cancel()

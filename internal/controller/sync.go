@@ -17,18 +17,16 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// Event reasons, for `kubectl describe` and `kubectl get events` (decide posts the
-// others).
+// Event reasons (decide posts the others).
 const (
 	EventRegistryError = decide.EventRegistryError
 	EventRowUpdated    = decide.EventRowUpdated
 	EventSweepRefused  = "SweepRefused"
 )
 
-// sync brings the registry in line with one Student, in three parts: observe (the
-// facts, read as the decision asks for them), decide (decide.Decide, the rules), and
-// apply (the actions, then the status once). It is level-based: it reads the object
-// from the cache, whatever event brought the key, and is safe to repeat.
+// sync brings the registry in line with one Student: observe, decide (decide.Decide),
+// apply, then write the status once. It is level-based: it reads the cache, whatever event
+// brought the key, and is safe to repeat.
 func (c *Controller) sync(ctx context.Context, key string) error {
 	namespace, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
@@ -64,9 +62,8 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 func (c *Controller) facts(s *studentv1.Student) decide.Facts {
 	f := studentFacts(c.cfg.Owner, s)
 	f.UndoLeft, f.MaxUndo = c.rewound.Load() < int64(c.cfg.MaxRewinds), c.cfg.MaxRewinds
-	// The CRD defaults spec.management: a Student without it was read through an
-	// older CRD (the cache may still hold it so after the CRD is current again). A
-	// finalizer still asks whether the CRD is being deleted.
+	// The CRD defaults spec.management: without it, the Student was read through an older
+	// CRD (the cache may still hold it). A finalizer still asks if the CRD is deleting.
 	f.CRDOlder = c.crd.Older() != nil || c.crd != nil && s.Spec.Management == ""
 	f.RegistryBehind = f.Student.Deleting && c.registryBehind() != nil
 	return f
@@ -84,15 +81,13 @@ func (c *Controller) registryBehind() error {
 // controller: it writes nothing for a live Student meanwhile, and is not ready.
 func (c *Controller) CRDOlder() error { return c.crd.Older() }
 
-// syncAll queues every Student in the cache.
 func (c *Controller) syncAll() {
 	for _, s := range c.students.list() {
 		c.queue.Add(s.key)
 	}
 }
 
-// studentFacts are the facts of s alone, for owner: what the sync and the plan know
-// before they read anything.
+// studentFacts are the facts of s for owner alone: what sync and plan know before any read.
 func studentFacts(owner string, s *studentv1.Student) decide.Facts {
 	return decide.Facts{Owner: owner, Student: decide.Student{
 		Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Generation: s.Generation, Spec: s.Spec, RowKey: RowUID(s),
@@ -104,8 +99,7 @@ func studentFacts(owner string, s *studentv1.Student) decide.Facts {
 // maxApplies bounds how often one sync decides again on what a write found.
 const maxApplies = 4
 
-// syncFacts decides for s from f, asking for the facts the decision needs, applies
-// the actions, and decides again when a write's answer is a new fact.
+// syncFacts decides and applies for s, and decides again when a write finds a new fact.
 func (c *Controller) syncFacts(ctx context.Context, s *studentv1.Student, f decide.Facts) error {
 	for range maxApplies {
 		d, err := decide.Settle(&f, func(a decide.Ask, f *decide.Facts) error { return c.answer(ctx, s, a, f) })
@@ -126,7 +120,6 @@ func (c *Controller) syncFacts(ctx context.Context, s *studentv1.Student, f deci
 	return fmt.Errorf("the row changed under %d writes in a row; retrying", maxApplies)
 }
 
-// answer finds out the fact the decision asks for.
 func (c *Controller) answer(ctx context.Context, s *studentv1.Student, a decide.Ask, f *decide.Facts) error {
 	switch a {
 	case decide.AskRow:
@@ -175,20 +168,17 @@ func (c *Controller) answer(ctx context.Context, s *studentv1.Student, a decide.
 	return nil
 }
 
-// registryError is a failure of the registry (or of a read the finalizer needs),
-// which the Student's status reports.
+// registryError is a failure of the registry or of a finalizer's read; status reports it.
 type registryError struct{ err error }
 
 func (e registryError) Error() string { return e.err.Error() }
 func (e registryError) Unwrap() error { return e.err }
 
-// wasWritten tells whether the Student's status says its row was written before.
 func wasWritten(s *studentv1.Student) bool {
 	return s.Status.Registry != nil && s.Status.Registry.LastWrittenTime != nil
 }
 
-// liveStudent asks the API server for the Student namespace/name of uid: nil, and no
-// error, when it is gone or another Student of that name stands in its place.
+// liveStudent gets Student namespace/name of uid: nil, nil if it is gone or replaced.
 func (c *Controller) liveStudent(ctx context.Context, namespace, name string, uid types.UID) (*studentv1.Student, error) {
 	live, err := c.getStudent(ctx, namespace, name)
 	switch {
@@ -202,7 +192,6 @@ func (c *Controller) liveStudent(ctx context.Context, namespace, name string, ui
 	return live, nil
 }
 
-// crdDeleting asks Config.CRDDeleting, if set.
 func (c *Controller) crdDeleting(ctx context.Context) (bool, error) {
 	if c.cfg.CRDDeleting == nil {
 		return false, nil
@@ -212,15 +201,4 @@ func (c *Controller) crdDeleting(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("ask whether the Student CRD is being deleted: %w", err)
 	}
 	return deleting, nil
-}
-
-// recordOf is the registry row that a Student should have, written by owner.
-func recordOf(owner string, s *studentv1.Student) registry.Record {
-	return newRecord(owner, RowUID(s), s.UID, s.Namespace, s.Name, s.Generation, s.Spec)
-}
-
-// newRecord is the registry row of key row of the Student namespace/name of uid,
-// generation and spec, written by owner.
-func newRecord(owner, row string, uid types.UID, namespace, name string, generation int64, spec studentv1.StudentSpec) registry.Record {
-	return decide.Want(owner, decide.Student{Namespace: namespace, Name: name, UID: string(uid), Generation: generation, Spec: spec, RowKey: row})
 }

@@ -18,10 +18,9 @@ import (
 // TracerName names the controller's tracer (the instrumentation scope of its spans).
 const TracerName = "github.com/student-controller/student-controller/internal/controller"
 
-// The spans of one sync: SpanSync is the root, from when the key was queued to when
-// the sync ended; SpanQueueWait, SpanStatusWrite and the registry's spans
-// ("Registry get", "Registry upsert", ...) are its children. With the API client's
-// transport traced too, each API request is a child span that kube-apiserver continues.
+// The spans of one sync: SpanSync is the root, from when the key was queued to the sync's
+// end. SpanQueueWait, SpanStatusWrite and the registry's spans ("Registry get", ...) are
+// its children, and so is each traced API request, which kube-apiserver continues.
 const (
 	SpanSync        = "Sync Student"
 	SpanQueueWait   = "Queue wait"
@@ -37,8 +36,7 @@ const (
 	AttrResult     = attribute.Key("result")
 )
 
-// queueTimes remembers when each key was queued, since it was last taken, for the
-// span of its wait. A key queued again while it waits keeps its first time.
+// queueTimes is when each waiting key was first queued, for the span of its wait.
 type queueTimes struct {
 	mu sync.Mutex
 	at map[string]time.Time
@@ -52,8 +50,7 @@ func (q *queueTimes) queued(key string) {
 	}
 }
 
-// taken returns when key was queued and forgets it; false when unknown or when q is
-// nil (tracing off).
+// taken returns when key was queued and forgets it; false if unknown or q is nil.
 func (q *queueTimes) taken(key string) (time.Time, bool) {
 	if q == nil {
 		return time.Time{}, false
@@ -65,8 +62,7 @@ func (q *queueTimes) taken(key string) (time.Time, bool) {
 	return at, ok
 }
 
-// timedQueue is the workqueue with the time each key was queued kept: only with
-// tracing on, since its map costs an entry per waiting key.
+// timedQueue records queue times: only when tracing, as its map costs an entry per key.
 type timedQueue struct {
 	workqueue.TypedRateLimitingInterface[string]
 	times *queueTimes
@@ -87,10 +83,8 @@ func (q timedQueue) AddRateLimited(key string) {
 	q.TypedRateLimitingInterface.AddRateLimited(key)
 }
 
-// startSync starts the span of the sync of key, from when it was queued (with a child
-// span of the wait) when the queue kept that: since the controller started to work at
-// the earliest, as a standby's queue fills long before it leads. Off, it returns a span
-// that records nothing, at no cost.
+// startSync starts key's sync span from when it was queued (with a wait span), but not
+// before work began: a standby's queue fills long before it leads. Off, it is noopSpan.
 func (c *Controller) startSync(ctx context.Context, key string) (context.Context, trace.Span) {
 	if c.cfg.Tracer == nil {
 		return ctx, noopSpan
@@ -119,8 +113,7 @@ func later(a, b time.Time) time.Time {
 // noopSpan is the span of everything when tracing is off.
 var noopSpan trace.Span = noop.Span{}
 
-// endSync ends a sync's span with its result; an error's text is not recorded, since
-// a registry error may quote what only the process should see.
+// endSync ends a sync's span with its result, not the error's text: it may quote secrets.
 func endSync(span trace.Span, result string, err error) {
 	if !span.IsRecording() {
 		return
@@ -132,9 +125,8 @@ func endSync(span trace.Span, result string, err error) {
 	span.End()
 }
 
-// startSpan starts a child span named name of ctx's span when tracing is on, and
-// returns noopSpan otherwise. endSpan ends it, marked failed (without the error's
-// text) when err is set.
+// startSpan starts a child span of ctx's when tracing is on, else noopSpan. endSpan ends
+// it, marked failed (without the error's text) when err is set.
 func startSpan(ctx context.Context, tracer trace.Tracer, name string) (context.Context, trace.Span) {
 	if tracer == nil {
 		return ctx, noopSpan
@@ -149,9 +141,8 @@ func endSpan(span trace.Span, err error) {
 	span.End()
 }
 
-// tracedTransport traces the API requests made within a traced sync, as children of
-// its span, and passes the trace on to kube-apiserver (W3C trace context); requests
-// of no sync (watches, lists, the Lease) are left alone rather than each made a trace.
+// tracedTransport traces the API requests of a traced sync as children of its span and
+// passes the trace to kube-apiserver; other requests (watches, the Lease) are left alone.
 func tracedTransport(provider trace.TracerProvider) func(http.RoundTripper) http.RoundTripper {
 	return func(rt http.RoundTripper) http.RoundTripper {
 		return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(provider), otelhttp.WithPropagators(tracing.Propagators()),

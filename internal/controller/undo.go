@@ -1,13 +1,12 @@
 package controller
 
-// Undoing production's past (a row ahead rewound, a released row taken back, a
-// deleted row written again) is what an etcd restore calls for, and what a clone of
-// the cluster would do to production's registry: decide confirms each with the API
-// server first, and counts it against Config.MaxRewinds here.
+// Undoing production's past (rewinding a row ahead, taking back a released row, writing
+// a deleted one again) is what an etcd restore calls for, but also what a cloned cluster
+// would do to production: decide confirms each with the API server; takeUndo caps them.
 
-// takeUndo takes one of the Config.MaxRewinds undos for a write about to be made; it
-// takes none and returns false once all are taken. Workers sync in parallel: a check
-// before the write and a count after it would let each of them pass the last undo.
+// takeUndo takes one of the Config.MaxRewinds undos before a write; false once all are
+// taken. Workers run in parallel: checking first and counting after the write would let
+// each of them pass the last undo.
 func (c *Controller) takeUndo() bool {
 	for {
 		n := c.rewound.Load()

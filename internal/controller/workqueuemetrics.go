@@ -5,9 +5,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 )
 
-// WorkqueueMetricsProvider exposes client-go's workqueue metrics (depth, adds,
-// latency, work duration, retries, ...) as Prometheus metrics, labelled by queue name.
-// Install it once per process with workqueue.SetProvider, before creating queues.
+// WorkqueueMetricsProvider exposes client-go's workqueue metrics to Prometheus, labelled
+// by queue name. Install it once per process with workqueue.SetProvider, before any queue.
 type WorkqueueMetricsProvider struct {
 	adds, retries                   *prometheus.CounterVec
 	depthGauge, unfinished, longest *prometheus.GaugeVec

@@ -18,10 +18,9 @@ import (
 )
 
 // writes is the one path by which the controller changes anything: registry rows, the
-// Students (finalizer, status) and Events. Each write first asks Config.Leading
-// (guard), and the registry fences every row write itself. The
-// Controller holds no other handle that can write (it reads through rowReader and
-// getStudent), so a new write cannot skip the check; TestWritesTakeOnePath keeps it so.
+// Students (finalizer, status) and Events. Each write first asks Config.Leading (guard),
+// and the registry fences every row write itself. The Controller holds no other handle
+// that can write, so a new write cannot skip the check; TestWritesTakeOnePath keeps it so.
 type writes struct {
 	registry Registry
 	client   versioned.Interface
@@ -32,9 +31,7 @@ type writes struct {
 	tracer trace.Tracer
 }
 
-// allowed asks Config.Leading whether this replica may write now (ErrNotLeading if
-// not). guard asks it before every write, and Controller.mayStart before a sync or a
-// sweep starts; nothing else does.
+// allowed is nil if Config.Leading lets this replica write; only guard and mayStart ask.
 func (w *writes) allowed() error {
 	if w.leading == nil {
 		return nil
@@ -59,14 +56,11 @@ func (w *writes) apply(ctx context.Context, op registry.Op) (registry.Result, er
 	return guard(w, func() (registry.Result, error) { return w.registry.Apply(ctx, op) })
 }
 
-// setFinalizers writes s's finalizers, and nothing else of it, with a merge patch that
-// carries its resourceVersion: the API server refuses it with a conflict if the
-// Student changed since, as it would an update. The Student is the cache's, which
-// holds no labels or other annotations to write back.
+// setFinalizers patches only s's finalizers, with its resourceVersion so a changed Student
+// conflicts. s is the cache's, which holds no labels or annotations to write back.
 func (w *writes) setFinalizers(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
 	if s.ResourceVersion == "" {
-		// Unconditional, the patch would replace finalizers that another party added
-		// since the Student was read.
+		// Unconditional, the patch would replace finalizers added since the read.
 		return nil, fmt.Errorf("write the finalizers of %s/%s: no resourceVersion to make the write conditional on", s.Namespace, s.Name)
 	}
 	finalizers := s.Finalizers
@@ -93,8 +87,7 @@ type finalizersPatchMeta struct {
 	ResourceVersion string   `json:"resourceVersion"`
 }
 
-// updateStatus writes s's status: the API server keeps .status alone of the object
-// sent, and refuses it with a conflict if the Student changed since.
+// updateStatus writes s's status: only .status is kept, and a changed Student conflicts.
 func (w *writes) updateStatus(ctx context.Context, s *studentv1.Student) (*studentv1.Student, error) {
 	return guard(w, func() (*studentv1.Student, error) {
 		ctx, span := startSpan(ctx, w.tracer, SpanStatusWrite)
@@ -104,8 +97,8 @@ func (w *writes) updateStatus(ctx context.Context, s *studentv1.Student) (*stude
 	})
 }
 
-// event posts an Event on obj; a replica that may not write sends none (an Event is a
-// write too), so one that follows a write done just before the gate closed is lost.
+// event posts an Event on obj only if this replica may write (an Event is a write too), so
+// one that follows a write done just before the gate closed is lost.
 func (w *writes) event(obj runtime.Object, eventType, reason, message string) {
 	_, _ = guard(w, func() (struct{}, error) {
 		w.recorder.Event(obj, eventType, reason, message)

@@ -6,18 +6,15 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-// Ask names a fact the decision needs before it can say what to do.
+// Ask names a fact the decision needs first: the row, a quorum read of the Student,
+// the row's last history entry, or whether the CRD is being deleted.
 type Ask int
 
 const (
 	AskNothing Ask = iota
-	// AskRow: read the row (Facts.Row).
 	AskRow
-	// AskQuorum: read the Student from the API server with a quorum read.
 	AskQuorum
-	// AskHistory: read the row's last history entry.
 	AskHistory
-	// AskCRD: read whether the CRD is being deleted.
 	AskCRD
 )
 
@@ -26,7 +23,7 @@ type Op int
 
 const (
 	AddFinalizer Op = iota + 1
-	// Insert writes a new row without reading first; an Exists answer is a fact.
+	// Insert writes without reading first; a row already there comes back as Row.Exists.
 	Insert
 	Upsert
 	// Rewind writes a row that is ahead of its Student back to it.
@@ -35,8 +32,7 @@ const (
 	TakeBack
 	MarkObserved
 	RecordPolicy
-	// Delete deletes the row if it records Delete (the SQL checks, as it does the
-	// owner and the fence), and releases it otherwise.
+	// Delete deletes the row if it records Delete, else releases it. The SQL checks this.
 	Delete
 	// Release releases the row with the given values.
 	Release
@@ -64,7 +60,7 @@ type Action struct {
 	Why registry.Why
 	// Ahead is the generation a rewound row held.
 	Ahead int64
-	// Undo says the write undoes production's past: it takes one of the bound.
+	// Undo: the write undoes production's past, so it uses up one of the bound.
 	Undo bool
 }
 
@@ -72,7 +68,6 @@ type Action struct {
 type Result int
 
 const (
-	// Done: forget the key.
 	Done Result = iota
 	// Terminal: retrying cannot help; a change to the Student brings it back.
 	Terminal
@@ -80,19 +75,16 @@ const (
 	Retry
 )
 
-// Registry says what the status shows of the row.
+// Registry says whether status.registry is kept or set from the row written or found.
 type Registry int
 
 const (
-	// KeepRegistry keeps status.registry as it is.
 	KeepRegistry Registry = iota
-	// FromRow sets it from the row written or found.
 	FromRow
 )
 
-// Status is the status a Student should have: its Ready condition and, for an
-// observed Student, its Drifted condition. Paused is the paused form instead, which
-// sets Synced=False and leaves Ready as it is.
+// Status is the status a Student should have: Ready, and Drifted if observed. Paused
+// instead sets Synced=False and leaves Ready as it is.
 type Status struct {
 	Reason, Message string
 	Ready           bool
@@ -102,8 +94,7 @@ type Status struct {
 	Paused  bool
 }
 
-// Event is an Event to post once the actions are applied. OnChange posts it only
-// when the status changed: once per change, not on every retry.
+// Event is one to post after the actions; with OnChange, only when the status changed.
 type Event struct {
 	Warning  bool
 	Reason   string
@@ -111,17 +102,15 @@ type Event struct {
 	OnChange bool
 }
 
-// Decision is what to do for one Student: a fact to find out first (Ask), or the
-// actions in order, then the status and the Events.
+// Decision is what to do for a Student: a fact to ask first, or actions, status, Events.
 type Decision struct {
 	Ask     Ask
 	Actions []Action
-	// Status is nil when it is to stay as it is.
+	// Status is nil to leave it as it is.
 	Status *Status
 	Events []Event
 	Result Result
-	// Why says why in a few words: for the log (a Terminal or Retry result) and for
-	// the plan (a refusal, drift, a finalizer that lets nothing go).
+	// Why is a short reason, for the log (Terminal, Retry) and plan (refusal, drift).
 	Why string
 }
 
@@ -135,8 +124,7 @@ func ask(a Ask) Decision { return Decision{Ask: a} }
 // maxAsks bounds the facts one decision asks for: each is asked at most once.
 const maxAsks = 6
 
-// Settle decides for f, finding out each fact the decision asks for with answer
-// (which sets it in f) and deciding again, until the decision asks for nothing.
+// Settle decides for f, setting each asked fact in f with answer, until none is asked.
 func Settle(f *Facts, answer func(Ask, *Facts) error) (Decision, error) {
 	for range maxAsks {
 		d := Decide(*f)

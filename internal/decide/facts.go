@@ -8,30 +8,25 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// Facts are what is known about one Student when its row's fate is decided. A fact
-// not known yet is asked for (Decision.Ask); the caller finds it out and decides again.
+// Facts are what is known of one Student; a fact not yet known is asked (Decision.Ask).
 type Facts struct {
 	// Owner marks the rows this controller writes.
 	Owner   string
 	Student Student
 	Row     Row
-	// Quorum is the API server's answer to a quorum read of the Student, asked before
-	// anything that undoes production's past.
+	// Quorum: a quorum read of the Student, asked before undoing production's past.
 	Quorum Quorum
-	// History is what the registry's history says of a missing row; Deleted its entry
-	// when the last one deleted it.
+	// History says what became of a missing row; Deleted is its last entry if a delete.
 	History History
 	Deleted registry.HistoryEntry
-	// CRD is whether the CRD is being deleted, asked by a finalizer that would delete
-	// a row. CRDOlder: the served CRD lacks fields this controller writes (the watch
-	// says so, or the Student came through such a CRD).
+	// CRD: whether the CRD is being deleted, asked before a finalizer deletes a row.
+	// CRDOlder: the served CRD lacks fields this controller writes, per watch or Student.
 	CRD      CRD
 	CRDOlder bool
-	// RegistryBehind: the registry is behind the cluster's mark of it (it went back
-	// in time) and no operator has confirmed it, or the marks are not compared yet.
+	// RegistryBehind: the registry is behind the cluster's mark and no operator confirmed
+	// it, or the marks are not compared yet.
 	RegistryBehind bool
-	// UndoLeft says the bound of rows undone (--registry-max-rewinds, MaxUndo) has
-	// room for one more.
+	// UndoLeft: the bound on rows undone (MaxUndo, --registry-max-rewinds) has room left.
 	UndoLeft bool
 	MaxUndo  int
 }
@@ -46,13 +41,11 @@ type Student struct {
 	// Deleting: its deletion timestamp is set. Finalizer: it carries the controller's.
 	Deleting, Finalizer bool
 	Paused              bool
-	// Written: its status says a row was written before. Drifted: its status says the
-	// observed row differs from the spec.
+	// Written: its status says a row was written. Drifted: that the observed row differs.
 	Written, Drifted bool
 }
 
-// NamesRow says whether the Student names a row whose key is not its own uid (adopt
-// bound it to a row another system keys).
+// NamesRow says whether the Student names a row not keyed by its uid (one adopt bound).
 func (s Student) NamesRow() bool { return s.RowKey != s.UID }
 
 // Observed says whether the Student only observes its row.
@@ -65,7 +58,6 @@ func (s Student) Policy() studentv1.DeletionPolicy { return SpecPolicy(s.Spec) }
 type Read int
 
 const (
-	// Unread: not read yet.
 	Unread Read = iota
 	Absent
 	// Malformed: a row the registry cannot decode.
@@ -77,11 +69,9 @@ const (
 type Row struct {
 	Read   Read
 	Record registry.Record
-	// Exists: an insert found a row there. Stale: a write was refused because the row
-	// holds a newer generation. Both ask for a read next.
+	// Exists: an insert found a row. Stale: a newer row refused a write. Both ask a read.
 	Exists, Stale bool
-	// Refused is why the registry refused a write as not this owner's to make (another
-	// owner's row, or an observed one); "" when it did not.
+	// Refused: why the registry refused a write as not this owner's; "" if it did not.
 	Refused string
 }
 
@@ -90,11 +80,10 @@ type Quorum int
 
 const (
 	QuorumUnasked Quorum = iota
-	// QuorumCurrent: the API server holds the version of the Student the cache does.
 	QuorumCurrent
 	// QuorumGone: it has no such Student (or another of that name): the cache is behind.
 	QuorumGone
-	// QuorumChanged: it holds a newer version: the watch brings it.
+	// QuorumChanged: it holds a newer version, which the watch brings.
 	QuorumChanged
 )
 
@@ -105,14 +94,12 @@ const (
 	HistoryUnasked History = iota
 	// HistoryDeleted: its last history row is a delete (a finalizer of this Student ran).
 	HistoryDeleted
-	// HistoryOwned: its last history row is this owner's write, and not a delete: the
-	// row was this owner's.
+	// HistoryOwned: its last history row is this owner's write, not a delete.
 	HistoryOwned
 	HistoryOther
 )
 
-// HistoryOf is what the last history row of a Student's row says (ok: there is one),
-// for owner.
+// HistoryOf is the History, for owner, of a row's last history entry (ok: there is one).
 func HistoryOf(owner string, last registry.HistoryEntry, ok bool) History {
 	switch {
 	case ok && last.Action == registry.ActionDeleted:
@@ -129,7 +116,7 @@ type CRD int
 const (
 	CRDUnasked CRD = iota
 	CRDCurrent
-	// CRDDeleting: it is being deleted, and its Students with it: not by their users.
+	// CRDDeleting: it is being deleted, and its Students with it, not by their users.
 	CRDDeleting
 )
 
@@ -166,8 +153,8 @@ func SameRow(row, want registry.Record) bool {
 		row.Management == want.Management
 }
 
-// TakenBack says whether a live Student of row's key takes row back: owner released
-// it, and nobody has taken or observed it since.
+// TakenBack says whether a live Student takes back row: owner released it, and no one has
+// taken or observed it since.
 func TakenBack(row registry.Record, owner string) bool {
 	return row.Owner == "" && row.ReleasedBy == owner && row.Management == ""
 }

@@ -6,12 +6,10 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-// WithoutStudent is the decision for a row whose Student is not in this cluster,
-// which the sweep, plan and adopt share: whether the sweep releases it, and whether
-// adopt may make a Student of it (else why not). Absence never destroys a row: the
-// sweep releases the owner's managed rows as they stand, whatever policy they record,
-// and only student-controller registry prune deletes those that recorded Delete.
-// Adopt takes any row but another owner's.
+// WithoutStudent decides, for sweep, plan and adopt, a row whose Student is not in this
+// cluster: whether the sweep releases it, and whether adopt may take it (else why not).
+// Absence never destroys a row: the sweep releases the owner's managed rows as they
+// stand, whatever their policy; only registry prune deletes those that recorded Delete.
 func WithoutStudent(row registry.Record, owner string) (release, adoptable bool, why string) {
 	switch {
 	case row.Owner != "" && row.Owner != owner:
@@ -34,9 +32,8 @@ const (
 )
 
 // Sweep decides for one of owner's rows (nil: the Student has none) and the cached
-// Student that names it (nil: none does). A paused or deleting Student's row is left
-// as it is. An observed Student is queued when its row drifted: its sync reports
-// that, and writes nothing.
+// Student naming it (nil: none). A paused or deleting Student's row is left alone; an
+// observed one is queued if its row drifted, for its sync to report (it writes nothing).
 func Sweep(owner string, row *registry.Record, s *Student) SweepAction {
 	switch {
 	case row != nil && row.Owner != owner && s != nil:
@@ -68,16 +65,14 @@ type SweepHold int
 
 const (
 	SweepLetsGo SweepHold = iota
-	// SweepPastBound: more orphans than the bound. So many looks like a fault (a
-	// wrong cluster, a deleted CRD, a cache that lost its Students), not deletions.
+	// SweepPastBound: more orphans than the bound, which looks like a fault (a wrong
+	// cluster, a deleted CRD, a cache that lost its Students), not deletions.
 	SweepPastBound
-	// SweepRegistryBehind: the registry went back in time and no operator has
-	// confirmed it: its rows without Students may be rows the cluster let go of since.
+	// SweepRegistryBehind: a registry gone back in time may hold rows the cluster let go.
 	SweepRegistryBehind
 )
 
-// SweepHolds decides whether a sweep that found orphans, of the rows the owner holds,
-// lets go of them.
+// SweepHolds decides whether a sweep lets go of the orphans it found among owner's rows.
 func SweepHolds(orphans, bound int, registryBehind bool) SweepHold {
 	switch {
 	case orphans > bound:
@@ -88,8 +83,7 @@ func SweepHolds(orphans, bound int, registryBehind bool) SweepHold {
 	return SweepLetsGo
 }
 
-// SweepBound is the most rows without a Student that one sweep lets go of, out of the
-// rows the owner holds: most, and percent of them (at least one).
+// SweepBound is the most orphans a sweep lets go of: percent of rows (min 1), up to most.
 func SweepBound(most, percent, rows int) int {
 	return min(most, max(1, rows*percent/100))
 }

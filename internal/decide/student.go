@@ -11,8 +11,7 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// Event reasons (kubectl describe). Normal Events are kept for what changes a row
-// after it was first written; Warnings for what needs a person.
+// Event reasons: Normal for changes to a written row; Warning for what needs a person.
 const (
 	EventRowUpdated        = "RowUpdated"
 	EventRowRestored       = "RowRestored"
@@ -28,8 +27,7 @@ const (
 	EventInLine            = "InLine"
 )
 
-// Decide says what to do for one Student: the rules for its row, in one place, which
-// TestModel checks over the whole space of facts.
+// Decide says what to do for one Student; TestModel checks it over all the facts.
 func Decide(f Facts) Decision {
 	s := f.Student
 	switch {
@@ -40,8 +38,7 @@ func Decide(f Facts) Decision {
 	case s.Deleting:
 		return finalize(f)
 	case f.CRDOlder:
-		// A write now would drop the fields the older CRD lacks. The CRD made current
-		// again brings every Student back.
+		// Writing would drop fields the older CRD lacks; its update requeues all Students.
 		return Decision{Result: Terminal, Why: "the served Student CRD is older than this controller"}
 	}
 	return reconcile(f)
@@ -58,9 +55,8 @@ func reconcile(f Facts) Decision {
 			return ask(AskRow)
 		}
 		if BindingLost(row.Record, row.Read == Found, s) {
-			// Bound again on the word of this owner's history of the row alone: an
-			// annotation set by hand, or a backup older than the adoption, is refused
-			// and left to registry adopt.
+			// Only this owner's history rebinds it: a hand-set annotation, or a backup
+			// older than the adoption, is refused and left to registry adopt.
 			switch f.History {
 			case HistoryUnasked:
 				return ask(AskHistory)
@@ -128,9 +124,8 @@ func manage(f Facts) Decision {
 	return ready(d.with(upsert))
 }
 
-// RowWrite says what to write for a Student whose row should be want, when the
-// registry holds row (found: it holds one; malformed: unreadable) and written says
-// the Student's status reports a row written before: an upsert and why, or nothing.
+// RowWrite says whether to upsert want over row, and why. found: the registry holds a
+// row; malformed: it is unreadable; written: the status reports an earlier write.
 func RowWrite(row, want registry.Record, found, malformed, written bool) (registry.Why, bool) {
 	switch {
 	case found && !malformed && SameRow(row, want):
@@ -145,10 +140,9 @@ func RowWrite(row, want registry.Record, found, malformed, written bool) (regist
 	return registry.Why{Action: registry.ActionCreated, Cause: registry.CauseNewStudent}, true
 }
 
-// restore decides for a row missing after it was written. Drift, or this cache is
-// behind the API server (a new leader may still hold a Student its predecessor
-// finalized): the API server is asked first. A row whose history says its finalizer
-// deleted it undoes production's past, and counts against the bound.
+// restore decides for a row missing after it was written: drift, or a cache behind (a new
+// leader may hold a Student its predecessor finalized), so the API server is asked first.
+// Writing back a row its finalizer deleted undoes production's past; the bound counts it.
 func restore(f Facts, d Decision, upsert Action) Decision {
 	if q, ok := confirmed(f); !ok {
 		return after(d, q)
@@ -161,24 +155,19 @@ func restore(f Facts, d Decision, upsert Action) Decision {
 	}
 	if !f.UndoLeft {
 		e := f.Deleted
-		return after(d, refuseUndo(studentv1.ReasonRowDeleted, fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s), "+
-			"and this controller has undone %d rows since it started, its bound (--registry-max-rewinds): so many looks like a clone "+
-			"of the cluster, or a cluster gone back in time, writing to production's registry. Nothing was written. If this cluster "+
-			"is the one the registry follows, restart the controller with a higher --registry-max-rewinds",
-			stamp(e.At), e.Cause, e.Actor, f.MaxUndo), fmt.Sprintf("row %s was deleted (%s) and is past the bound of rows undone", f.Student.RowKey, e.Cause)))
+		return after(d, pastBound(studentv1.ReasonRowDeleted, fmt.Sprintf("The registry row of this Student was deleted at %s (%s, by %s)",
+			stamp(e.At), e.Cause, e.Actor), f.MaxUndo, fmt.Sprintf("row %s was deleted (%s)", f.Student.RowKey, e.Cause)))
 	}
 	upsert.Undo = true
 	d = ready(d.with(upsert))
 	e := f.Deleted
 	d.Events = []Event{{Warning: true, Reason: EventRowRecreated, Message: fmt.Sprintf("The registry row of this Student was deleted at %s "+
-		"(%s, by %s) while the Student is live here: the cluster went back in time or is a clone. The row is written again from the Student",
-		stamp(e.At), e.Cause, e.Actor)}}
+		"(%s, by %s) while the Student is live here, and is written again (docs/runbooks.md#studentregistryrowsundone)", stamp(e.At), e.Cause, e.Actor)}}
 	return d
 }
 
-// undo decides for a write that undoes production's past (a row ahead rewound, a
-// released row taken back): the API server confirms the Student first, and the bound
-// must have room.
+// undo decides for a write that undoes production's past (rewind, take back): the API
+// server must confirm the Student first, and the bound must have room.
 func undo(f Facts, d Decision, a Action) Decision {
 	if q, ok := confirmed(f); !ok {
 		return after(d, q)
@@ -186,16 +175,13 @@ func undo(f Facts, d Decision, a Action) Decision {
 	rec, want := f.Row.Record, a.Record
 	if a.Op == Rewind {
 		if !f.UndoLeft {
-			return after(d, refuseUndo(studentv1.ReasonRegistryAhead, fmt.Sprintf("The registry row holds generation %d, newer than this Student's %d, "+
-				"and this controller has taken back %d rows since it started, its bound (--registry-max-rewinds): so many rows ahead looks "+
-				"like a cloned cluster that shares production's registry rather than an etcd restore. Nothing was written. If this "+
-				"cluster is the one the registry follows, restart the controller with a higher --registry-max-rewinds",
-				rec.Generation, want.Generation, f.MaxUndo), fmt.Sprintf("row %s is ahead of its Student and past the bound of rows taken back", rec.UID)))
+			return after(d, pastBound(studentv1.ReasonRegistryAhead, fmt.Sprintf("The registry row holds generation %d, newer than this Student's %d",
+				rec.Generation, want.Generation), f.MaxUndo, fmt.Sprintf("row %s is ahead of its Student", rec.UID)))
 		}
 		d = d.with(a)
 		d.Events = []Event{{Warning: true, Reason: EventRegistryAhead, Message: fmt.Sprintf("The registry row held generation %d, newer "+
-			"than this Student's %d: the cluster went back to an earlier state (etcd restored from a backup) or the row was changed by hand. "+
-			"The row follows the Student again: %s, %s", rec.Generation, want.Generation, want.StudentName, want.School)}}
+			"than this Student's %d, and follows the Student again: %s, %s (docs/runbooks.md#studentregistryrowsahead)",
+			rec.Generation, want.Generation, want.StudentName, want.School)}}
 		if f.Student.Deleting {
 			// It follows the Student first, then is released as it goes.
 			d = d.with(Action{Op: Release, Record: want, Why: registry.Why{Cause: registry.CauseFinalizer}}, Action{Op: RemoveFinalizer})
@@ -205,21 +191,17 @@ func undo(f Facts, d Decision, a Action) Decision {
 	}
 	cause := cmp.Or(rec.ReleaseCause, "unknown cause")
 	if !f.UndoLeft {
-		return after(d, refuseUndo(studentv1.ReasonRowReleased, fmt.Sprintf("The registry row of this Student was released by this controller (%s) at %s, "+
-			"and this controller has taken back %d rows since it started, its bound (--registry-max-rewinds): so many looks like a cluster "+
-			"gone back in time wholesale or a clone, not one Student restored. Nothing was written. If this cluster is the one the registry "+
-			"follows, restart the controller with a higher --registry-max-rewinds", cause, stamp(rec.ReleasedAt), f.MaxUndo),
-			fmt.Sprintf("row %s was released and is past the bound of rows taken back", rec.UID)))
+		return after(d, pastBound(studentv1.ReasonRowReleased, fmt.Sprintf("The registry row of this Student was released by this controller (%s) at %s",
+			cause, stamp(rec.ReleasedAt)), f.MaxUndo, fmt.Sprintf("row %s was released", rec.UID)))
 	}
 	d = ready(d.with(a))
 	d.Events = []Event{{Warning: true, Reason: EventRowTakenBack, Message: fmt.Sprintf("The registry row was released by this controller (%s) "+
-		"at %s while this Student still exists (an etcd restore, or a Student missing for a while): it is this Student's again and written: "+
-		"%s, %s", cause, stamp(rec.ReleasedAt), want.StudentName, want.School)}}
+		"at %s while this Student still exists, and is its row again: %s, %s (docs/runbooks.md#studentregistryrowsundone)",
+		cause, stamp(rec.ReleasedAt), want.StudentName, want.School)}}
 	return d
 }
 
-// confirmed says whether the API server has confirmed the cache's Student, and if
-// not, what to do instead.
+// confirmed says whether the API server confirms the cached Student, else what to do.
 func confirmed(f Facts) (Decision, bool) {
 	switch f.Quorum {
 	case QuorumUnasked:
@@ -264,35 +246,34 @@ func refuse(reason, msg, event, eventMsg, why string) Decision {
 		Events: []Event{{Warning: true, Reason: event, Message: eventMsg, OnChange: true}}}
 }
 
-// refuseUndo refuses a write past the bound of rows undone: a restart with a higher
-// bound, not a retry, changes it.
-func refuseUndo(reason, msg, why string) Decision {
-	return refuse(reason, msg, reason, msg, why)
+// pastBound refuses a write that would undo production's past once the bound is spent:
+// so many undos look like a clone or a cluster gone back in time, and only a restart
+// with a higher bound helps.
+func pastBound(reason, what string, maxUndo int, why string) Decision {
+	msg := fmt.Sprintf("%s, and this controller has undone %d rows since it started, its bound (--registry-max-rewinds): "+
+		"nothing was written (docs/troubleshooting.md#%s)", what, maxUndo, strings.ToLower(reason))
+	return refuse(reason, msg, reason, msg, why+" and is past the bound of rows undone")
 }
 
-// ownedElsewhere refuses a row that is another owner's: the controller never takes
-// one over.
+// ownedElsewhere refuses another owner's row: the controller never takes one over.
 func ownedElsewhere(cause string) Decision {
 	msg := "The registry row belongs to another owner and is left alone: " + cause + ". If that owner's rows are to " +
 		"follow this controller, stop its controllers and run student-controller registry rename-owner; a row it released " +
 		"can be bound to a new Student with student-controller registry adopt"
-	// status.registry keeps what this controller wrote: were the row deleted next, a
-	// write of it again is an undo, and counts against the bound.
+	// status.registry keeps what this controller wrote, so that writing the row back,
+	// were it deleted next, counts as an undo.
 	return refuse(studentv1.ReasonRowOwnedElsewhere, msg, EventRowOwnedElsewhere, msg, cause)
 }
 
 // BindingLost says whether the row a Student names (found) may have lost its binding
-// to it while it stayed the Student's: it has no owner (released, or written again
-// whole by the system that keys it), records no binding to this Student, and records
-// its namespace and name. The sync binds it again only when this owner's history
-// says the row was its own (HistoryOwned).
+// while still the Student's: no owner (released, or rewritten whole by the system that
+// keys it), no binding to this Student, and its namespace and name.
 func BindingLost(rec registry.Record, found bool, s Student) bool {
 	return found && rec.Owner == "" && rec.StudentUID != s.UID && rec.Namespace == s.Namespace && rec.Name == s.Name
 }
 
-// rebind decides for a live Student whose row lost its binding: the row is bound to
-// it again (as adopt binds: owner, binding, generation, policy, management; the
-// student's record as it stands), then decided as the Student's own.
+// rebind decides to bind a lost row to its Student again, as adopt does (student fields
+// as they stand), then decides for it as the Student's own.
 func rebind(f Facts) Decision {
 	s, rec := f.Student, f.Row.Record
 	want := Want(f.Owner, s)
@@ -316,10 +297,9 @@ func rebind(f Facts) Decision {
 	return then
 }
 
-// notBound says why s may not have the row its row-uid annotation names: the row
-// records another Student, or another owner; or, for a write, it is missing: writing
-// it would take another system's key on the word of an annotation alone. "" when the
-// row is bound to s, or (not for a write) there is no such row.
+// notBound says why s may not have the row its row-uid annotation names: it records
+// another Student or owner; or, for a write, it is missing (writing it would take another
+// system's key on an annotation's word alone). "" if bound to s, or absent and no write.
 func notBound(f Facts, write bool) string {
 	s, rec := f.Student, f.Row.Record
 	names := fmt.Sprintf("the row %s that annotation %s names", s.RowKey, studentv1.AnnotationRowUID)
@@ -347,9 +327,8 @@ func notBound(f Facts, write bool) string {
 		"bind the row to this one with student-controller registry adopt", names, cmp.Or(rec.StudentUID, rec.UID))
 }
 
-// observe decides for an observed Student: the row is compared and reported, never
-// written. The one write is a mark, once: a row this controller managed until now is
-// marked observed, so that no path that finds it without its Student lets it go.
+// observe compares and reports an observed Student's row, never writing it but for one
+// mark: a row this controller managed is marked observed, so no orphan path lets it go.
 func observe(f Facts) Decision {
 	s, row := f.Student, f.Row
 	if row.Read == Unread {
@@ -378,10 +357,8 @@ func observe(f Facts) Decision {
 	return d
 }
 
-// Drift says how the row of an observed Student differs from its spec, "" when it
-// does not. found says whether the registry holds the row, malformed that it cannot
-// be read. Only what the row says of the student is compared, not what the controller
-// keeps in it (generation, owner, policy): an observed row is its writer's.
+// Drift says how an observed Student's row differs from its spec, "" if not. It compares
+// only student fields, not generation, owner, policy: an observed row is its writer's.
 func Drift(row registry.Record, found, malformed bool, namespace, name string, spec studentv1.StudentSpec) string {
 	switch {
 	case malformed:
@@ -402,10 +379,9 @@ func Drift(row registry.Record, found, malformed bool, namespace, name string, s
 	return strings.Join(diffs, "; ")
 }
 
-// finalize decides for a Student being deleted that carries the finalizer: its row
-// is deleted or released per its policy, then the Student goes. A row that is not its
-// own to let go stays as it is, and the Student goes. The row is read first, so that
-// what plan says is what the finalizer does; the SQL guards the same against a race.
+// finalize decides for a deleting Student: its row is deleted or released per its policy,
+// or left if not its own to let go; then the Student goes. The row is read first, so the
+// finalizer does what plan says; the SQL guards the same against a race.
 func finalize(f Facts) Decision {
 	s, row := f.Student, f.Row
 	done := Action{Op: RemoveFinalizer}
@@ -443,8 +419,7 @@ func finalize(f Facts) Decision {
 	return letGo(f, done)
 }
 
-// letGo decides how the finalizer lets go of a row that is its own to let go: per
-// the Student's policy and the row's, then done.
+// letGo decides how the finalizer lets go of its own row, per both policies.
 func letGo(f Facts, done Action) Decision {
 	s, row, rec := f.Student, f.Row, f.Row.Record
 	want := Want(f.Owner, s)
@@ -460,18 +435,15 @@ func letGo(f Facts, done Action) Decision {
 		// Its values cannot be read: released as it stands.
 		return letGo(Relinquish, registry.CauseFinalizer)
 	case s.Policy() != studentv1.DeletionPolicyDelete && rec.Generation > want.Generation:
-		// Ahead of the Student (an etcd restore): it follows the Student first, then
-		// is released with its values.
+		// Ahead of the Student (an etcd restore): rewound first, then released.
 		return undo(f, Decision{}, Action{Op: Rewind, Record: want, Ahead: rec.Generation, Undo: true})
 	case s.Policy() != studentv1.DeletionPolicyDelete && row.Stale:
 		return Decision{Result: Retry, Why: "the row changed since its write was refused"}
 	case s.Policy() != studentv1.DeletionPolicyDelete:
-		// Orphan, or a policy the CRD refuses now, stored before it did: keeping the
-		// row is what can be undone.
+		// Orphan, or a policy now refused (stored before): keeping the row can be undone.
 		return letGo(Release, registry.CauseFinalizer)
 	case f.RegistryBehind:
-		// Nothing is destroyed on a registry gone back in time: released as it
-		// stands, for registry prune once an operator confirms the registry.
+		// Registry gone back in time: destroy nothing; release for prune once confirmed.
 		return letGo(Relinquish, registry.CauseRegistryBehind)
 	case f.CRD == CRDUnasked:
 		return ask(AskCRD)
@@ -479,16 +451,15 @@ func letGo(f Facts, done Action) Decision {
 		// Deleted with its CRD, not by a user: absence, so released as it stands.
 		return letGo(Relinquish, registry.CauseCRDDeleted)
 	case row.Read == Found && rec.DeletionPolicy != registry.PolicyDelete:
-		// The row records another policy (an older backup put back): it goes as it
-		// records.
+		// The row records another policy (an older backup put back): it goes as recorded.
 		return letGo(Relinquish, registry.CauseFinalizer)
 	}
 	// A row that cannot be read goes by the policy stored in it, which the SQL checks.
 	return letGo(Delete, registry.CauseFinalizer)
 }
 
-// Unavailable is the status of a Student whose sync the registry failed: retried.
-// Its message is fixed; the cause (hosts, users, files) goes to the log alone.
+// Unavailable is the status of a Student whose sync the registry failed (retried). Its
+// message is fixed: the cause (hosts, users, files) goes to the log only.
 func Unavailable(s Student) (Status, Event) {
 	msg := "The registry did not answer or refused the write; the controller retries (its log has the cause)"
 	if s.Deleting {

@@ -1,5 +1,4 @@
-// Package leader runs the controller's work only while this replica holds the leader
-// election Lease, and gates every write on that Lease.
+// Package leader runs work only while this replica holds the Lease, and gates writes on it.
 package leader
 
 import (
@@ -20,23 +19,20 @@ import (
 	"github.com/student-controller/student-controller/internal/controller"
 )
 
-// Config is how Run takes the Lease: the Lease's namespace and name, the elector's
-// timings, and who is asked.
+// Config says which Lease Run takes, with what timings and clients.
 type Config struct {
 	Namespace, Name                           string
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	Client                                    kubernetes.Interface
-	// Recorder posts the Lease's Events; Watchdog, when set, fails /healthz for a
-	// leader that stopped renewing.
+	// Recorder posts the Lease's Events; Watchdog, if set, fails /healthz for a hung leader.
 	Recorder record.EventRecorder
 	Watchdog *leaderelection.HealthzAdaptor
 	// Gate is opened to this replica's elector: Check then says whether it may write.
 	Gate *Gate
 }
 
-// Run runs fn only while this process holds the Lease. On shutdown it lets fn drain
-// first and then releases the Lease, so a standby takes over at once and never
-// overlaps with this process's last writes.
+// Run runs fn only while this process holds the Lease. On shutdown fn drains before the
+// Lease is released, so a standby takes over at once and never overlaps fn's last writes.
 func Run(ctx context.Context, cfg Config, fn func(context.Context) error) error {
 	logger := klog.FromContext(ctx)
 	host, _ := os.Hostname()
@@ -70,8 +66,8 @@ func Run(ctx context.Context, cfg Config, fn func(context.Context) error) error 
 				defer context.AfterFunc(leading, cancel)()
 				fnErr = fn(runCtx)
 				close(fnDone)
-				// fn ended on its own (fenced, the owner moved): no leader that does
-				// nothing; the Lease goes, and the process exits with fn's error.
+				// fn ended on its own (fenced, the owner moved): rather than lead idle,
+				// give up the Lease and exit with fn's error.
 				stopElector()
 			},
 			OnStoppedLeading: func() { logger.Info("Stopped leading", "identity", id) },
@@ -116,16 +112,13 @@ func Run(ctx context.Context, cfg Config, fn func(context.Context) error) error 
 	}
 }
 
-// Gate tells the controller whether this replica may still write (its
-// Config.Leading). client-go's elector stands down only once a renewal has failed, and a
-// leader paused past its Lease (SIGSTOP, a frozen VM) learns that only after it resumes
-// and tries, acting meanwhile on a cache as old as the pause while another replica
-// leads. The gate closes as soon as the last renewal is older than the
-// renew deadline, before any write, whether or not the elector has noticed.
+// Gate says whether this replica may still write (its Config.Leading). client-go's
+// elector stands down only after a renewal fails, so a leader paused past its Lease
+// (SIGSTOP, a frozen VM) would write from a stale cache while another replica leads.
+// The gate closes once the last renewal is older than the renew deadline.
 type Gate struct {
 	elector atomic.Pointer[leaderelection.LeaderElector]
-	// slack is what the elector's Check may add to the lease duration: renew deadline minus lease
-	// duration, so the gate closes at the renew deadline.
+	// slack makes the elector's Check fail at the renew deadline, not the lease duration.
 	slack time.Duration
 }
 
@@ -134,8 +127,7 @@ func (g *Gate) set(e *leaderelection.LeaderElector, slack time.Duration) {
 	g.elector.Store(e)
 }
 
-// Check is nil while writes may go ahead. Without an elector (no leader election)
-// they always may.
+// Check is nil while writes may go ahead, always so without an elector.
 func (g *Gate) Check() error {
 	e := g.elector.Load()
 	switch {

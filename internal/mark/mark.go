@@ -1,5 +1,4 @@
-// Package mark keeps the registry's mark in the cluster, and tells a registry that
-// went back in time.
+// Package mark keeps the registry's mark in the cluster, to notice a registry rolled back.
 package mark
 
 import (
@@ -21,11 +20,9 @@ import (
 	"github.com/student-controller/student-controller/internal/controller"
 )
 
-// The registry's mark, kept in the cluster: a ConfigMap named after the leader
-// election Lease, in the controller's namespace, which holds the owner and the highest
-// mark this cluster has seen the registry at. A registry found below it went back in
-// time; the ConfigMap then says so (keyBehind) until an operator confirms with the
-// annotation.
+// The mark lives in a ConfigMap named after the leader election Lease. It holds the owner
+// and the highest registry mark this cluster has seen; a registry below it went back in
+// time, and the ConfigMap says so (keyBehind) until an operator confirms (annotation).
 const (
 	// Suffix ends the ConfigMap's name, after the Lease's.
 	Suffix = "-registry-mark"
@@ -33,16 +30,15 @@ const (
 	keyOwner  = "owner"
 	keyMark   = "mark"
 	keyBehind = "behind"
-	// AnnotationBehindConfirmed, set to the ConfigMap's mark, says an operator has
-	// seen that the registry went back in time and goes on with it as it is.
+	// AnnotationBehindConfirmed, set to the ConfigMap's mark, accepts the registry as is.
 	AnnotationBehindConfirmed = "bolingcavalry.k8s.io/registry-behind-confirmed"
 	// Event reasons on the controller's Pod.
 	eventRegistryBehind          = "RegistryBehind"
 	eventRegistryBehindConfirmed = "RegistryBehindConfirmed"
 )
 
-// Place is the ConfigMap that keeps the mark. Given says an operator named its
-// namespace (--registry-mark-namespace); an empty Namespace is nowhere.
+// Place is the ConfigMap that keeps the mark; an empty Namespace means none. Given says
+// the operator set --registry-mark-namespace.
 type Place struct {
 	Namespace, Name string
 	Given           bool
@@ -54,9 +50,8 @@ type Registry interface {
 	AdvanceMark(ctx context.Context) (int64, error)
 }
 
-// Keeper keeps the registry's mark in the cluster while this controller holds the
-// owner's write fence, and says when the registry is behind it. Set its fields before
-// its first Check.
+// Keeper keeps the registry's mark in the cluster while this controller holds the owner's
+// write fence, and reports a registry behind it. Set its fields before the first Check.
 type Keeper struct {
 	Client   kubernetes.Interface
 	Place    Place
@@ -67,23 +62,19 @@ type Keeper struct {
 	Pod      *corev1.ObjectReference
 	// Gauge, when set, is told whether the registry is behind (the metric).
 	Gauge interface{ SetRegistryBehind(bool) }
-	// Sweeper, when set, is asked for a sweep once an operator has confirmed a
-	// registry that was behind: the rows its sweeps kept may go now.
+	// Sweeper, when set, is asked to sweep after a confirmation: rows kept meanwhile may go.
 	Sweeper interface{ SweepSoon() }
 
-	// behind holds what Behind says while the registry is behind the cluster's mark;
-	// checked says a check has compared the marks at least once.
+	// behind holds Behind's message while behind; checked says the marks have been compared.
 	behind  atomic.Pointer[string]
 	checked atomic.Bool
-	// failing is the last check's refusal by the API server (RBAC that lets the
-	// controller not read or write the ConfigMap), until a check succeeds.
+	// failing is the API server's refusal of the last check (RBAC), until a check succeeds.
 	failing atomic.Pointer[string]
 }
 
-// Ready is nil unless the registry is behind the cluster's mark, or the API server
-// refused the last check the ConfigMap (RBAC): the Pod is then not ready, and says
-// why. A registry outage or an API server that does not answer leaves it ready, as
-// readiness never asks the registry; a standby, which checks nothing, is ready.
+// Ready is nil unless the registry is behind the cluster's mark or the API server refused
+// the last check (RBAC). An outage of the registry or API server leaves it ready, and a
+// standby, which checks nothing, is ready.
 func (k *Keeper) Ready() error {
 	if msg := k.behind.Load(); msg != nil {
 		return errors.New(*msg)
@@ -94,8 +85,7 @@ func (k *Keeper) Ready() error {
 	return nil
 }
 
-// Check compares the marks once (check), and keeps a refusal by the API server for
-// Ready.
+// Check compares the marks once and keeps an API server refusal for Ready.
 func (k *Keeper) Check(ctx context.Context) error {
 	err := k.check(ctx)
 	switch {
@@ -108,9 +98,8 @@ func (k *Keeper) Check(ctx context.Context) error {
 	return err
 }
 
-// Behind is nil once the marks were compared and the registry is not behind the
-// cluster's; otherwise it says by how much and how to confirm, or that the marks have
-// not been compared yet (the sweep lets go of nothing meanwhile).
+// Behind is nil once the marks were compared and the registry is not behind. Otherwise it
+// says how to confirm, or that no comparison has run yet; the sweep releases nothing then.
 func (k *Keeper) Behind() error {
 	if msg := k.behind.Load(); msg != nil {
 		return errors.New(*msg)
@@ -121,8 +110,7 @@ func (k *Keeper) Behind() error {
 	return nil
 }
 
-// Run checks the mark every interval until ctx ends. The first check is the
-// caller's (Check), before the controller starts.
+// Run checks the mark every interval until ctx ends; the caller runs the first Check.
 func (k *Keeper) Run(ctx context.Context, interval time.Duration) {
 	logger := klog.FromContext(ctx)
 	tick := time.NewTicker(interval)
@@ -139,11 +127,10 @@ func (k *Keeper) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// check compares the registry's mark with the cluster's: below it, the registry is
-// behind until an operator confirms; level or above, the registry's mark advances and
-// the cluster's follows. The ConfigMap is read before the mark advances, and written
-// only at the version read: a former holder that paused past its fence (its mark
-// refused) or past a new holder's write (a conflict) writes nothing.
+// check compares the registry's mark with the cluster's: below it, the registry is behind
+// until an operator confirms; level or above, both marks advance. The ConfigMap is read
+// before the mark advances and written only at the version read, so a former holder paused
+// past its fence (mark refused) or past a new holder's write (conflict) writes nothing.
 func (k *Keeper) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -165,9 +152,8 @@ func (k *Keeper) check(ctx context.Context) error {
 	if err != nil {
 		seen = 0 // edited by hand: start again from this registry's
 	}
-	// The cluster's mark is one the registry committed before the cluster kept it: a
-	// registry below it lost that commit. The registry's mark advances only once the
-	// comparison says level, so that no retry creeps past the cluster's.
+	// The registry committed the cluster's mark first, so a registry below it lost a
+	// commit. Advance only once level, so that retries never creep past the cluster's mark.
 	found := cm.Data[keyBehind]
 	if found == "" {
 		at, err := k.Registry.ReadMark(ctx, k.Owner)
@@ -206,8 +192,7 @@ func (k *Keeper) check(ctx context.Context) error {
 	return nil
 }
 
-// start begins this owner's mark in the cluster: in a new ConfigMap (cm nil), or in
-// cm, which another owner's mark held.
+// start begins this owner's mark: in a new ConfigMap (cm nil), or in another owner's cm.
 func (k *Keeper) start(ctx context.Context, cm *corev1.ConfigMap) error {
 	mark, err := k.Registry.AdvanceMark(ctx)
 	if err != nil {
@@ -233,9 +218,8 @@ func (k *Keeper) start(ctx context.Context, cm *corev1.ConfigMap) error {
 	return nil
 }
 
-// advance advances the registry's mark, level with the cluster's (seen) or confirmed
-// so, and keeps it in cm: a registry ahead of the cluster, should the update fail, is
-// never taken for one behind.
+// advance advances the registry's mark (level with seen, or confirmed) and then stores it
+// in cm: should the update fail, the registry is ahead, never taken for behind.
 func (k *Keeper) advance(ctx context.Context, cm *corev1.ConfigMap, confirmed bool, seen int64) error {
 	mark, err := k.Registry.AdvanceMark(ctx)
 	if err != nil {
@@ -293,13 +277,10 @@ func confirmCommand(namespace, name string, seen int64) string {
 	return fmt.Sprintf("kubectl -n %s annotate configmap %s %s=%d", namespace, name, AnnotationBehindConfirmed, seen)
 }
 
-// Behind reads the cluster's mark for a command (prune, adopt): nil when the
-// registry is not behind it, or an operator has confirmed; otherwise an error that
-// says so. When required (prune) a mark it cannot find (no namespace, no ConfigMap,
-// another owner's) is an error too: prune deletes nothing on a registry it cannot
-// tell is current. Adopt goes on where the cluster keeps no mark of the owner yet (a
-// cluster rebuilt adopts before its controller runs): in the place when given, else
-// anywhere, looked for by its label.
+// Behind checks the cluster's mark for prune and adopt: nil when the registry is not
+// behind it or an operator confirmed, else an error. If required (prune), no mark is an
+// error too: prune deletes nothing unless the registry is known current. Adopt goes on
+// without one (a rebuilt cluster adopts before its controller runs); see find.
 func Behind(ctx context.Context, client kubernetes.Interface, place Place, owner string, reg Registry, required bool) error {
 	cm, err := find(ctx, client, place, owner, required)
 	if err != nil || cm == nil {
@@ -321,8 +302,7 @@ func Behind(ctx context.Context, client kubernetes.Interface, place Place, owner
 	return errors.New(behindMessage(mark, seen, cm.Namespace, cm.Name))
 }
 
-// find finds the ConfigMap that keeps the owner's mark: nil when there is none and
-// it is not required.
+// find returns the ConfigMap with the owner's mark; nil when none and not required.
 func find(ctx context.Context, client kubernetes.Interface, place Place, owner string, required bool) (*corev1.ConfigMap, error) {
 	namespace, name := place.Namespace, place.Name
 	if namespace == "" && !required {
@@ -338,8 +318,7 @@ func find(ctx context.Context, client kubernetes.Interface, place Place, owner s
 		if place.Given {
 			return nil, nil // none kept where the operator said
 		}
-		// Not where the Pod's or the Lease's namespace says: looked for by its label
-		// before adopt goes on without it.
+		// Not in the Pod's or Lease's namespace: search by label before going without it.
 		return search(ctx, client, owner)
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("no ConfigMap %s/%s keeps the registry's mark: a controller of this version keeps it once it runs "+
@@ -353,8 +332,7 @@ func find(ctx context.Context, client kubernetes.Interface, place Place, owner s
 	return cm, nil
 }
 
-// search finds the owner's mark in any namespace, by the label the controller gives
-// it: nil when there is none, an error when there are several.
+// search finds the owner's mark by label in any namespace; several is an error.
 func search(ctx context.Context, client kubernetes.Interface, owner string) (*corev1.ConfigMap, error) {
 	list, err := client.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + controller.Name})
 	if err != nil {

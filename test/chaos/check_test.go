@@ -22,7 +22,7 @@ const (
 	invUpdates    = "every accepted update in its object and row"
 	invNotLost    = "no Student lost"
 	invDeleted    = "every deleted Student gone, none Terminating"
-	invDeletedRow = "every deleted Student's row deleted (Delete) or released (Orphan); released, whatever its policy, if an older backup put it back owned"
+	invDeletedRow = "every deleted Student's row deleted (Delete) or released (Orphan); released, whatever its policy, if an older backup put it back owned or it was deleted while the registry was behind"
 	invNoOrphans  = "no owned row without a Student"
 	invOthers     = "no other owner's row touched"
 	invMonotonic  = "no row went back in generation"
@@ -76,11 +76,11 @@ func readHistory(ctx context.Context, db *sql.DB) (map[string]entry, error) {
 type row struct {
 	uid, namespace, name, studentName, school, owner string
 	generation                                       int64
-	updatedAt, releasedAt                            string
+	updatedAt, releasedAt, releaseCause              string
 }
 
 const rowQuery = `SELECT uid, namespace, name, student_name, school, COALESCE(owner, ''), generation,
-	COALESCE(CAST(updated_at AS TEXT), ''), COALESCE(CAST(released_at AS TEXT), '') FROM students`
+	COALESCE(CAST(updated_at AS TEXT), ''), COALESCE(CAST(released_at AS TEXT), ''), COALESCE(release_cause, '') FROM students`
 
 func readRows(ctx context.Context, db *sql.DB) (map[string]row, error) {
 	rows, err := db.QueryContext(ctx, rowQuery)
@@ -91,7 +91,7 @@ func readRows(ctx context.Context, db *sql.DB) (map[string]row, error) {
 	out := map[string]row{}
 	for rows.Next() {
 		var r row
-		if err := rows.Scan(&r.uid, &r.namespace, &r.name, &r.studentName, &r.school, &r.owner, &r.generation, &r.updatedAt, &r.releasedAt); err != nil {
+		if err := rows.Scan(&r.uid, &r.namespace, &r.name, &r.studentName, &r.school, &r.owner, &r.generation, &r.updatedAt, &r.releasedAt, &r.releaseCause); err != nil {
 			return nil, err
 		}
 		out[r.uid] = r
@@ -197,6 +197,9 @@ func (c *checker) check(ctx context.Context) (violations, error) {
 				continue
 			}
 			switch {
+			case s.policy == studentv1.DeletionPolicyDelete && hasRow && r.owner == "" && r.releaseCause == "registry-behind":
+				// Deleted while the registry was behind the cluster's mark: released, for
+				// registry prune once the restore is confirmed; nothing destroyed on it.
 			case s.policy == studentv1.DeletionPolicyDelete && hasRow:
 				v.add(invDeletedRow, "%s (Delete): row still there, owner %q", key, r.owner)
 			case s.policy == studentv1.DeletionPolicyOrphan && !hasRow:
