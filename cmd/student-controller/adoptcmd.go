@@ -41,14 +41,15 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	if opts.selector != "" {
 		return 1, errors.New("--selector: adopt makes Students of rows, which have no labels; choose rows with --namespace or --school")
 	}
-	kube, students, cluster, err := commandClients(ctx, opts)
+	c, err := commandClients(ctx, opts)
+	if err == nil {
+		// On a CRD without spec.management a Student would lose Observe and its row be written.
+		err = c.crd
+	}
 	if err != nil {
 		return 1, err
 	}
-	// On a CRD without spec.management a Student would lose Observe and its row be written.
-	if err := checkCRD(ctx, opts); err != nil {
-		return 1, err
-	}
+	kube, students, cluster := c.kube, c.students, c.id
 	var reg *registry.Registry
 	release := func() {}
 	if opts.dryRun {

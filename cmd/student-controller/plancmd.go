@@ -104,10 +104,15 @@ type planReport struct {
 
 func makePlan(ctx context.Context, opts options) (planReport, error) {
 	report := planReport{Owner: opts.owner, Scope: opts.scope.String()}
-	_, students, cluster, err := commandClients(ctx, opts)
+	c, err := commandClients(ctx, opts)
+	var tooOld *controller.CRDTooOldError
+	if err == nil && c.crd != nil && !errors.As(c.crd, &tooOld) {
+		err = c.crd
+	}
 	if err != nil {
 		return report, err
 	}
+	students, cluster := c.students, c.id
 	var rows readOnlyRegistry
 	switch r, err := registry.OpenToRead(ctx, opts.registry, opts.owner, cluster, registry.Options{Password: opts.registryPassword(), MaxOpenConns: opts.maxOpenConns}); {
 	case errors.Is(err, registry.ErrNoSchema):
@@ -127,7 +132,7 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	report.Plan, err = controller.PlanFor(ctx, rows, controller.PlanScope{
 		Owner: opts.owner, Scope: opts.scope,
 		SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent, NoSweep: opts.sweepInterval == 0,
-		MaxUndo: opts.maxRewinds,
+		MaxUndo: opts.maxRewinds, CRDOlder: c.crd != nil,
 		Exists: func(ctx context.Context, row registry.Record) (bool, error) {
 			return studentThere(ctx, students, row)
 		},
@@ -135,39 +140,36 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	return report, err
 }
 
-// commandClients returns a subcommand's cluster clients and the cluster's identity.
-func commandClients(ctx context.Context, opts options) (kubernetes.Interface, versioned.Interface, string, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
-	if err != nil {
-		return nil, nil, "", fmt.Errorf("build client config: %w", err)
-	}
-	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	students, err := versioned.NewForConfig(cfg)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	cluster, err := clusterID(ctx, kube)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	return kube, students, cluster, nil
+// clusterClients are a subcommand's clients of the cluster, its identity, and what
+// controller.CheckCRD says of the served Student CRD.
+type clusterClients struct {
+	kube     kubernetes.Interface
+	students versioned.Interface
+	id       string
+	crd      error
 }
 
-// checkCRD is controller.CheckCRD over the cluster that --kubeconfig reaches.
-func checkCRD(ctx context.Context, opts options) error {
+func commandClients(ctx context.Context, opts options) (clusterClients, error) {
+	var c clusterClients
 	cfg, err := clientcmd.BuildConfigFromFlags(opts.master, opts.kubeconfig)
 	if err != nil {
-		return fmt.Errorf("build client config: %w", err)
+		return c, fmt.Errorf("build client config: %w", err)
 	}
-	client, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return err
+	cfg.QPS, cfg.Burst = float32(opts.qps), opts.burst
+	crds, err := dynamic.NewForConfig(cfg)
+	if err == nil {
+		c.kube, err = kubernetes.NewForConfig(cfg)
 	}
-	return controller.CheckCRD(ctx, client)
+	if err == nil {
+		c.students, err = versioned.NewForConfig(cfg)
+	}
+	if err == nil {
+		c.id, err = clusterID(ctx, c.kube)
+	}
+	if err == nil {
+		c.crd = controller.CheckCRD(ctx, crds)
+	}
+	return c, err
 }
 
 // listStudents lists the Students of scope, filtered by the API server like the informers.

@@ -27,10 +27,11 @@ type pruneOptions struct {
 // whose Students are still gone. With --yes it deletes them under the owner's write fence.
 // Exit code: 2 when rows would be pruned (no --yes) or --max-prunes refused them, else 0.
 func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Writer) (int, error) {
-	kube, students, cluster, err := commandClients(ctx, opts)
+	c, err := commandClients(ctx, opts)
 	if err != nil {
 		return 1, err
 	}
+	kube, students, cluster := c.kube, c.students, c.id
 	var reg *registry.Registry
 	release := func() {}
 	if po.yes {

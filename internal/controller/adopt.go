@@ -3,7 +3,6 @@ package controller
 import (
 	"cmp"
 	"fmt"
-	"slices"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -115,9 +114,7 @@ func PlanAdoption(in AdoptInput) AdoptionPlan {
 			}
 		}
 	}
-	slices.SortStableFunc(plan.Actions, func(a, b PlannedAction) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
-	})
+	sortActions(plan.Actions)
 	return plan
 }
 

@@ -217,17 +217,13 @@ func (c *cachedStudent) student() *studentv1.Student {
 	}
 	if r := c.rare; r != nil {
 		s.DeletionTimestamp = r.deletionTimestamp.DeepCopy()
-		if r.reconcileRequestedAt != "" {
-			if s.Annotations == nil {
-				s.Annotations = map[string]string{}
+		for key, value := range map[string]string{studentv1.AnnotationReconcileRequestedAt: r.reconcileRequestedAt, studentv1.AnnotationRowUID: r.rowUID} {
+			if value != "" {
+				if s.Annotations == nil {
+					s.Annotations = map[string]string{}
+				}
+				s.Annotations[key] = value
 			}
-			s.Annotations[studentv1.AnnotationReconcileRequestedAt] = r.reconcileRequestedAt
-		}
-		if r.rowUID != "" {
-			if s.Annotations == nil {
-				s.Annotations = map[string]string{}
-			}
-			s.Annotations[studentv1.AnnotationRowUID] = r.rowUID
 		}
 		s.Status.LastHandledReconcileAt = r.lastHandledReconcileAt
 		if r.conditions != nil {

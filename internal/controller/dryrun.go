@@ -9,7 +9,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
-	"github.com/student-controller/student-controller/internal/decide"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
@@ -105,13 +104,9 @@ func (c *Controller) Plan(ctx context.Context) (Plan, error) {
 	for i, s := range cached {
 		students[i] = s.student()
 	}
-	deleting, err := c.crdDeleting(ctx)
+	crd, err := c.crdState(ctx)
 	if err != nil {
 		return Plan{}, err
-	}
-	crd := decide.CRDCurrent
-	if deleting {
-		crd = decide.CRDDeleting
 	}
 	return PlanFor(ctx, c.rows, PlanScope{
 		Owner: c.cfg.Owner, Scope: c.cfg.Scope, Exists: c.studentExists,

@@ -59,6 +59,14 @@ type Plan struct {
 // Changes counts the actions that would change something: not refuse, drifted, prunable.
 func (p Plan) Changes() int { return changes(p.Actions) }
 
+// sortActions orders actions by namespace, name and UID; stably, so that a Student's
+// finalizer comes before its row.
+func sortActions(actions []PlannedAction) {
+	slices.SortStableFunc(actions, func(a, b PlannedAction) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
+	})
+}
+
 func changes(actions []PlannedAction) int {
 	n := 0
 	for _, a := range actions {
@@ -126,10 +134,7 @@ func ComputePlan(in PlanInput) Plan {
 		plan.Actions = append(plan.Actions, planned(s, d)...)
 	}
 	plan.sweep(in, seen)
-	// Stable: a Student's finalizer comes before its row.
-	slices.SortStableFunc(plan.Actions, func(a, b PlannedAction) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
-	})
+	sortActions(plan.Actions)
 	return plan
 }
 

@@ -122,7 +122,7 @@ func (c *Controller) sweepMayWrite(ctx context.Context) error {
 
 // sweepRefuses says whether the sweep lets no orphan go (decide.SweepHolds), logging why.
 func (c *Controller) sweepRefuses(logger klog.Logger, orphans []registry.Record, rows, students int) bool {
-	bound := c.sweepBound(rows)
+	bound := decide.SweepBound(c.cfg.SweepMaxDeletions, c.cfg.SweepMaxDeletionPercent, rows)
 	switch decide.SweepHolds(len(orphans), bound, c.registryBehind() != nil) {
 	case decide.SweepPastBound:
 		msg := fmt.Sprintf("Sweep refused to let go of %d of the %d registry rows it owns whose Students it cannot find, more than "+
@@ -174,10 +174,6 @@ func (c *Controller) letGoOrphans(ctx context.Context, orphans []registry.Record
 		}
 	}
 	return errs
-}
-
-func (c *Controller) sweepBound(rows int) int {
-	return decide.SweepBound(c.cfg.SweepMaxDeletions, c.cfg.SweepMaxDeletionPercent, rows)
 }
 
 // withoutLive drops the orphans whose Student still exists, counting them in result.Live.

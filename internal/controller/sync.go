@@ -154,14 +154,11 @@ func (c *Controller) answer(ctx context.Context, s *studentv1.Student, a decide.
 		}
 		f.History, f.Deleted = decide.HistoryOf(f.Owner, last, ok), last
 	case decide.AskCRD:
-		deleting, err := c.crdDeleting(ctx)
+		crd, err := c.crdState(ctx)
 		if err != nil {
 			return registryError{err}
 		}
-		f.CRD = decide.CRDCurrent
-		if deleting {
-			f.CRD = decide.CRDDeleting
-		}
+		f.CRD = crd
 	default:
 		return fmt.Errorf("the decision asked for an unknown fact %d", a)
 	}
@@ -192,13 +189,16 @@ func (c *Controller) liveStudent(ctx context.Context, namespace, name string, ui
 	return live, nil
 }
 
-func (c *Controller) crdDeleting(ctx context.Context) (bool, error) {
+// crdState asks Config.CRDDeleting, if set, whether the Student CRD is being deleted.
+func (c *Controller) crdState(ctx context.Context) (decide.CRD, error) {
 	if c.cfg.CRDDeleting == nil {
-		return false, nil
+		return decide.CRDCurrent, nil
 	}
-	deleting, err := c.cfg.CRDDeleting(ctx)
-	if err != nil {
-		return false, fmt.Errorf("ask whether the Student CRD is being deleted: %w", err)
+	switch deleting, err := c.cfg.CRDDeleting(ctx); {
+	case err != nil:
+		return decide.CRDUnasked, fmt.Errorf("ask whether the Student CRD is being deleted: %w", err)
+	case deleting:
+		return decide.CRDDeleting, nil
 	}
-	return deleting, nil
+	return decide.CRDCurrent, nil
 }

@@ -92,7 +92,9 @@ func (c *Controller) startSync(ctx context.Context, key string) (context.Context
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(AttrStudent.String(key))}
 	queued, ok := c.queueTimes.taken(key)
 	if ok {
-		queued = later(queued, c.working)
+		if queued.Before(c.working) {
+			queued = c.working
+		}
 		opts = append(opts, trace.WithTimestamp(queued))
 	}
 	ctx, span := c.cfg.Tracer.Start(ctx, SpanSync, opts...)
@@ -101,13 +103,6 @@ func (c *Controller) startSync(ctx context.Context, key string) (context.Context
 		wait.End()
 	}
 	return ctx, span
-}
-
-func later(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return b
-	}
-	return a
 }
 
 // noopSpan is the span of everything when tracing is off.
