@@ -19,8 +19,8 @@ func TestGenerationWatcher(t *testing.T) {
 	defer cancel()
 	for _, stmt := range []string{
 		`CREATE TABLE students (uid TEXT PRIMARY KEY, namespace TEXT, name TEXT, student_name TEXT,
-			school TEXT, owner TEXT, generation INTEGER, updated_at TEXT, released_at TEXT)`,
-		`INSERT INTO students VALUES ('u1', 'ns', 'a', 'A', 'S', 'o', 3, NULL, NULL)`,
+			school TEXT, owner TEXT, generation INTEGER, updated_at TEXT, released_at TEXT, release_cause TEXT)`,
+		`INSERT INTO students VALUES ('u1', 'ns', 'a', 'A', 'S', 'o', 3, NULL, NULL, NULL)`,
 	} {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
 			t.Fatal(err)
