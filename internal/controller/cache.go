@@ -217,14 +217,17 @@ func (c *cachedStudent) student() *studentv1.Student {
 	}
 	if r := c.rare; r != nil {
 		s.DeletionTimestamp = r.deletionTimestamp.DeepCopy()
-		for key, value := range map[string]string{studentv1.AnnotationReconcileRequestedAt: r.reconcileRequestedAt, studentv1.AnnotationRowUID: r.rowUID} {
-			if value != "" {
-				if s.Annotations == nil {
-					s.Annotations = map[string]string{}
-				}
-				s.Annotations[key] = value
+		annotate := func(key, value string) {
+			if value == "" {
+				return
 			}
+			if s.Annotations == nil {
+				s.Annotations = map[string]string{}
+			}
+			s.Annotations[key] = value
 		}
+		annotate(studentv1.AnnotationReconcileRequestedAt, r.reconcileRequestedAt)
+		annotate(studentv1.AnnotationRowUID, r.rowUID)
 		s.Status.LastHandledReconcileAt = r.lastHandledReconcileAt
 		if r.conditions != nil {
 			s.Status.Conditions = slices.Clone(r.conditions)
