@@ -76,8 +76,8 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 		return 1, err
 	}
 
-	in := controller.AdoptInput{Owner: opts.owner, Students: map[string]controller.ClusterStudent{}, Namespaces: map[string]bool{},
-		CreateNamespaces: ao.createNamespaces, Max: ao.max}
+	in := controller.AdoptInput{AdoptScope: decide.AdoptScope{Owner: opts.owner, Students: map[string]decide.ClusterStudent{},
+		Namespaces: map[string]bool{}, CreateNamespaces: ao.createNamespaces, Max: ao.max}}
 	rows, malformed, err := reg.ListAll(ctx)
 	if err != nil {
 		return 1, err
@@ -92,7 +92,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 		return 1, err
 	}
 	for _, s := range all {
-		in.Students[s.Namespace+"/"+s.Name] = controller.ClusterStudent{UID: string(s.UID), RowUID: controller.RowUID(s),
+		in.Students[s.Namespace+"/"+s.Name] = decide.ClusterStudent{UID: string(s.UID), RowUID: controller.RowUID(s),
 			AdoptedFrom: s.Annotations[controller.AnnotationAdoptedFrom], Paused: s.Annotations[studentv1.AnnotationPaused] == "true"}
 	}
 	namespaces, err := kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
@@ -132,13 +132,13 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	for _, r := range in.Rows {
 		byUID[r.UID] = r
 	}
-	a := adopter{reg: reg, kube: kube, students: students, owner: opts.owner, namespaces: in.Namespaces, existing: in.Students}
+	a := adopter{reg: reg, kube: kube, students: students, owner: opts.owner}
 	done, total, last := 0, plan.Changes(), time.Now()
 	for _, act := range plan.Actions {
 		if act.Action == controller.PlanRefuse {
 			continue
 		}
-		if err := a.adopt(ctx, act, byUID[act.UID]); err != nil {
+		if err := a.adopt(ctx, act, plan.Steps[act.UID], byUID[act.UID]); err != nil {
 			return 1, fmt.Errorf("%d of %d adopted; %s/%s (row %s): %w", done, total, act.Namespace, act.Name, act.UID, err)
 		}
 		done++
@@ -155,64 +155,62 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 
 // adopter makes the Student of a row and binds the row to it.
 type adopter struct {
-	reg        *registry.Registry
-	kube       kubernetes.Interface
-	students   versioned.Interface
-	owner      string
-	namespaces map[string]bool
-	existing   map[string]controller.ClusterStudent
+	reg      *registry.Registry
+	kube     kubernetes.Interface
+	students versioned.Interface
+	owner    string
 }
 
-// adopt carries out one plan action. The Student is made paused, so the controller leaves
-// it alone until its row is bound; then the row is bound and the Student unpaused. The next
-// run finishes a run cut short (the Student names its row's former uid).
-func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, row registry.Record) error {
-	key := act.Namespace + "/" + act.Name
-	switch act.Action {
-	case controller.PlanFinish:
+// adopt carries out one step of the plan. The Student is made paused, so the controller
+// leaves it alone until its row is bound; then the row is bound and the Student unpaused.
+// The next run finishes a run cut short (the Student names its row's former uid).
+func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, step decide.Adoption, row registry.Record) error {
+	switch step.Step {
+	case decide.AdoptFinish:
 		return a.unpause(ctx, act.Namespace, act.Name)
-	case controller.PlanRebind:
+	case decide.AdoptRebind:
 		return a.rebind(ctx, act, row)
 	}
-	if row.Owner == a.owner && row.Management != registry.ManagementObserve {
+	if step.Observe {
 		// Until bound, the sweep takes this row for an orphan; an observed row it leaves.
 		if err := a.reg.MarkObserved(ctx, row.UID, a.owner); err != nil {
 			return fmt.Errorf("mark the row observed: %w", err)
 		}
 	}
-	if !a.namespaces[act.Namespace] {
+	if step.CreateNamespace {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: act.Namespace}}
 		if _, err := a.kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create namespace: %w", err)
 		}
-		a.namespaces[act.Namespace] = true
 	}
-	s := &studentv1.Student{}
-	if prior, ok := a.existing[key]; ok && prior.AdoptedFrom == row.UID {
-		// Made by a run cut short before it bound the row.
-		got, err := a.students.BolingcavalryV1().Students(act.Namespace).Get(ctx, act.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		s = got
-	} else {
-		s = &studentv1.Student{
-			ObjectMeta: metav1.ObjectMeta{Namespace: act.Namespace, Name: act.Name, Annotations: map[string]string{
-				controller.AnnotationAdoptedFrom: row.UID, studentv1.AnnotationPaused: "true", studentv1.AnnotationRowUID: row.UID}},
-			Spec: controller.AdoptedSpec(row),
-		}
-		created, err := a.students.BolingcavalryV1().Students(act.Namespace).Create(ctx, s, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("create Student: %w", err)
-		}
-		s = created
+	s, err := a.student(ctx, step, row)
+	if err != nil {
+		return err
 	}
-	err := a.reg.Adopt(ctx, row.UID, registry.Record{UID: string(s.UID), Namespace: s.Namespace, Name: s.Name, Owner: a.owner,
+	err = a.reg.Adopt(ctx, row.UID, registry.Record{UID: string(s.UID), Namespace: s.Namespace, Name: s.Name, Owner: a.owner,
 		Generation: s.Generation, DeletionPolicy: string(s.Spec.DeletionPolicy), Management: registry.ManagementObserve}, registry.CauseAdopted)
 	if err != nil {
 		return fmt.Errorf("bind the row to Student %s: %w", s.UID, err)
 	}
 	return a.unpause(ctx, act.Namespace, act.Name)
+}
+
+// student makes the paused Student of row, or gets the one a run cut short made.
+func (a *adopter) student(ctx context.Context, step decide.Adoption, row registry.Record) (*studentv1.Student, error) {
+	students := a.students.BolingcavalryV1().Students(row.Namespace)
+	if step.Step == decide.AdoptResume {
+		return students.Get(ctx, row.Name, metav1.GetOptions{})
+	}
+	s := &studentv1.Student{
+		ObjectMeta: metav1.ObjectMeta{Namespace: row.Namespace, Name: row.Name, Annotations: map[string]string{
+			controller.AnnotationAdoptedFrom: row.UID, studentv1.AnnotationPaused: "true", studentv1.AnnotationRowUID: row.UID}},
+		Spec: decide.AdoptedSpec(row),
+	}
+	created, err := students.Create(ctx, s, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create Student: %w", err)
+	}
+	return created, nil
 }
 
 // rebind binds the row again to the Student that names it, as the Student stands, and asks
@@ -222,12 +220,8 @@ func (a *adopter) rebind(ctx context.Context, act controller.PlannedAction, row 
 	if err != nil {
 		return err
 	}
-	management := ""
-	if s.Spec.Management == studentv1.ManagementObserve {
-		management = registry.ManagementObserve
-	}
 	err = a.reg.Adopt(ctx, row.UID, registry.Record{UID: string(s.UID), Namespace: s.Namespace, Name: s.Name, Owner: a.owner,
-		Generation: s.Generation, DeletionPolicy: string(decide.SpecPolicy(s.Spec)), Management: management}, registry.CauseRebound)
+		Generation: s.Generation, DeletionPolicy: string(decide.SpecPolicy(s.Spec)), Management: decide.RowManagement(s.Spec)}, registry.CauseRebound)
 	if err != nil {
 		return fmt.Errorf("bind the row to Student %s: %w", s.UID, err)
 	}

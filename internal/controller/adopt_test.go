@@ -2,12 +2,11 @@ package controller
 
 import (
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/student-controller/student-controller/internal/decide"
 	"github.com/student-controller/student-controller/internal/registry"
-	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
 func TestPlanAdoption(t *testing.T) {
@@ -20,7 +19,6 @@ func TestPlanAdoption(t *testing.T) {
 	}
 	released := func(r *registry.Record) { r.ReleasedAt = start }
 	in := AdoptInput{
-		Owner: owner,
 		Rows: []registry.Record{
 			row("r1", "school", "released", "", released),
 			row("r2", "school", "inserted", ""),
@@ -42,7 +40,10 @@ func TestPlanAdoption(t *testing.T) {
 			// another owner's: never bound again
 			row("r16", "school", "theirs-again", "another", func(r *registry.Record) { r.StudentUID = "u-old" }),
 		},
-		Students: map[string]ClusterStudent{
+	}
+	in.AdoptScope = decide.AdoptScope{
+		Owner: owner,
+		Students: map[string]decide.ClusterStudent{
 			"school/live":         {UID: "r5", RowUID: "r5"},
 			"school/taken":        {UID: "u-taken", RowUID: "u-taken"},
 			"school/resumed":      {UID: "u-resumed", RowUID: "r7", AdoptedFrom: "r7", Paused: true}, // r7 not bound yet
@@ -79,16 +80,5 @@ func TestPlanAdoption(t *testing.T) {
 	bounded := PlanAdoption(in)
 	if !bounded.Refused || bounded.Changes() != 2 { // finish and rebind are not adopting a row
 		t.Errorf("past the bound: refused %v, %d changes; want refused, only the finish and the rebind", bounded.Refused, bounded.Changes())
-	}
-}
-
-func TestAdoptedSpec(t *testing.T) {
-	r := registry.Record{StudentName: "张三", School: "深圳中学", ReleasedAt: time.Now()}
-	if got := AdoptedSpec(r); got.DeletionPolicy != studentv1.DeletionPolicyOrphan || got.Management != studentv1.ManagementObserve {
-		t.Errorf("spec of a row with no policy: %+v, want Orphan, Observe", got)
-	}
-	r.DeletionPolicy = registry.PolicyDelete
-	if got := AdoptedSpec(r); got.DeletionPolicy != studentv1.DeletionPolicyDelete {
-		t.Errorf("spec of a Delete row: %+v, want Delete", got)
 	}
 }

@@ -126,15 +126,19 @@ func Want(owner string, s Student) registry.Record {
 	if s.NamesRow() {
 		studentUID = s.UID
 	}
-	management := ""
-	if s.Observed() {
-		management = registry.ManagementObserve
-	}
 	return registry.Record{
 		UID: s.RowKey, StudentUID: studentUID, Namespace: s.Namespace, Name: s.Name,
 		StudentName: s.Spec.Name, School: s.Spec.School, Owner: owner, Generation: s.Generation,
-		DeletionPolicy: string(SpecPolicy(s.Spec)), Management: management,
+		DeletionPolicy: string(SpecPolicy(s.Spec)), Management: RowManagement(s.Spec),
 	}
+}
+
+// RowManagement is the management a row records for spec.
+func RowManagement(spec studentv1.StudentSpec) string {
+	if spec.Management == studentv1.ManagementObserve {
+		return registry.ManagementObserve
+	}
+	return ""
 }
 
 // SpecPolicy is spec's deletion policy, Delete when unset.
