@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/mark"
 	"github.com/student-controller/student-controller/internal/registry"
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
@@ -100,6 +101,8 @@ type planReport struct {
 	Scope string `json:"scope"`
 	// NoSchema says the registry has no schema yet, so every row is new.
 	NoSchema bool `json:"noSchema,omitempty"`
+	// RegistryBehind says why the registry is behind the cluster's mark, if it is.
+	RegistryBehind string `json:"registryBehind,omitempty"`
 }
 
 func makePlan(ctx context.Context, opts options) (planReport, error) {
@@ -124,6 +127,12 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 		rows = r
 	}
 	report.Registry, report.Cluster = rows.String(), cluster
+	var behind *mark.BehindError
+	if err := mark.Behind(ctx, c.kube, markPlace(opts), opts.owner, rows, false); errors.As(err, &behind) {
+		report.RegistryBehind = behind.Error()
+	} else if err != nil {
+		return report, err
+	}
 
 	all, err := listStudents(ctx, students, opts.scope)
 	if err != nil {
@@ -132,7 +141,7 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	report.Plan, err = controller.PlanFor(ctx, rows, controller.PlanScope{
 		Owner: opts.owner, Scope: opts.scope,
 		SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent, NoSweep: opts.sweepInterval == 0,
-		MaxUndo: opts.maxRewinds, CRDOlder: c.crd != nil,
+		MaxUndo: opts.maxRewinds, CRDOlder: c.crd != nil, RegistryBehind: behind != nil,
 		Exists: func(ctx context.Context, row registry.Record) (bool, error) {
 			return studentThere(ctx, students, row)
 		},
@@ -207,6 +216,9 @@ func printPlan(w io.Writer, r planReport) {
 		fmt.Fprint(w, " (the registry has no schema yet: the controller makes it when it first starts)")
 	}
 	fmt.Fprintln(w)
+	if r.RegistryBehind != "" {
+		fmt.Fprintf(w, "The registry is behind: %s\n", r.RegistryBehind)
+	}
 	printActions(w, r.Actions)
 	if r.SweepRefused {
 		fmt.Fprintf(w, "The sweep would refuse: %d rows of the owner have no Student, more than it lets go at once (%d); it would let go of none.\n", r.Orphans, r.SweepBound)
@@ -251,6 +263,7 @@ type readOnlyRegistry interface {
 	ListReleased(ctx context.Context, owner string) ([]registry.Record, []registry.MalformedRow, error)
 	LastHistory(ctx context.Context, namespace, name, uid string) (registry.HistoryEntry, bool, error)
 	CheckSchema(ctx context.Context) error
+	ReadMark(ctx context.Context, owner string) (int64, error)
 	String() string
 }
 
@@ -274,5 +287,7 @@ func (noSchema) LastHistory(context.Context, string, string, string) (registry.H
 }
 
 func (noSchema) CheckSchema(context.Context) error { return nil }
+
+func (noSchema) ReadMark(context.Context, string) (int64, error) { return 0, nil }
 
 func (n noSchema) String() string { return n.display + " (no schema yet)" }

@@ -44,11 +44,21 @@ type Place struct {
 	Given           bool
 }
 
+// Reader reads the registry's mark.
+type Reader interface {
+	ReadMark(ctx context.Context, owner string) (int64, error)
+}
+
 // Registry is what the keeper reads and writes of the registry: its mark.
 type Registry interface {
-	ReadMark(ctx context.Context, owner string) (int64, error)
+	Reader
 	AdvanceMark(ctx context.Context) (int64, error)
 }
+
+// BehindError says the registry is behind the cluster's mark, and no operator confirmed it.
+type BehindError struct{ message string }
+
+func (e *BehindError) Error() string { return e.message }
 
 // Keeper keeps the registry's mark in the cluster while this controller holds the owner's
 // write fence, and reports a registry behind it. Set its fields before the first Check.
@@ -281,7 +291,7 @@ func confirmCommand(namespace, name string, seen int64) string {
 // behind it or an operator confirmed, else an error. If required (prune), no mark is an
 // error too: prune deletes nothing unless the registry is known current. Adopt goes on
 // without one (a rebuilt cluster adopts before its controller runs); see find.
-func Behind(ctx context.Context, client kubernetes.Interface, place Place, owner string, reg Registry, required bool) error {
+func Behind(ctx context.Context, client kubernetes.Interface, place Place, owner string, reg Reader, required bool) error {
 	cm, err := find(ctx, client, place, owner, required)
 	if err != nil || cm == nil {
 		return err
@@ -299,7 +309,7 @@ func Behind(ctx context.Context, client kubernetes.Interface, place Place, owner
 	} else if mark >= seen {
 		return nil
 	}
-	return errors.New(behindMessage(mark, seen, cm.Namespace, cm.Name))
+	return &BehindError{behindMessage(mark, seen, cm.Namespace, cm.Name)}
 }
 
 // find returns the ConfigMap with the owner's mark; nil when none and not required.

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"net/http"
@@ -356,6 +357,23 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 	}
 	if list, err := client.List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 3 {
 		t.Errorf("Students after the refused adopt: %d, %v; want the 3 live ones", len(list.Items), err)
+	}
+	// plan plans as the controller would on it: no row let go, and it says why.
+	planCmd := exec.Command(ctrlbin.Binary(t), append([]string{"plan", "-o", "json", "--namespace", ns, "--kubeconfig", env.Kubeconfig}, common[2:]...)...) // #nosec G204 -- the controller built for the test
+	planOut, _ := planCmd.Output()
+	var plan struct {
+		RegistryBehind string
+		Actions        []struct{ Action, Name, Cause string }
+	}
+	if err := json.Unmarshal(planOut, &plan); err != nil || !strings.Contains(plan.RegistryBehind, "below the") {
+		t.Errorf("plan on the registry put back: %v; want it to say the registry is behind:\n%s", err, planOut)
+	}
+	for _, a := range plan.Actions {
+		if strings.HasPrefix(a.Name, "gone-") || a.Name == "switched" {
+			if a.Action != "refuse" {
+				t.Errorf("plan on the registry put back: %s %s (%s); want refuse: the registry is behind", a.Action, a.Name, a.Cause)
+			}
+		}
 	}
 	ctrl = startProcess(t, "controller-after-restore", args...)
 
