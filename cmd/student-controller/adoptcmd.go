@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,14 +27,13 @@ type adoptOptions struct {
 	createNamespaces bool
 	max              int
 	output           string
-	migrate          bool
 }
 
 // adoptRows runs "student-controller registry adopt": it makes an observed Student for
-// each row with none in this cluster and binds the row to it. It returns the exit code:
-// 2 when rows were left alone or (with --dry-run) would be adopted, 1 on error, else 0.
-func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stderr io.Writer) (int, error) {
-	if opts.dryRun && ao.migrate {
+// each row with none here and binds the row to it. Exit code: 2 when rows were left alone
+// or (with --dry-run) would be adopted, 1 on error, else 0.
+func adoptRows(ctx context.Context, opts options, ao adoptOptions, migrate bool, stdout, stderr io.Writer) (int, error) {
+	if opts.dryRun && migrate {
 		return 1, errors.New("--dry-run changes nothing, and --migrate would migrate the schema: give one of them")
 	}
 	if opts.selector != "" {
@@ -43,36 +41,28 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	}
 	c, err := commandClients(ctx, opts)
 	if err == nil {
-		// On a CRD without spec.management a Student would lose Observe and its row be written.
-		err = c.crd
+		err = c.crd // on a CRD without spec.management a Student would lose Observe and its row be written
 	}
 	if err != nil {
 		return 1, err
 	}
-	kube, students, cluster := c.kube, c.students, c.id
-	var reg *registry.Registry
-	release := func() {}
-	if opts.dryRun {
-		reg, err = registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), ReadOnly: true})
-	} else {
-		reg, release, err = openFenced(ctx, opts, ao.migrate)
-	}
+	reg, release, err := openRegistry(ctx, opts, !opts.dryRun, migrate)
 	if err != nil {
 		return 1, err
 	}
 	defer func() { release(); _ = reg.Close() }()
 	// A registry put back in time holds rows of deleted Students: do not revive them.
-	if err := mark.Behind(ctx, kube, markPlace(opts), opts.owner, reg, false); err != nil {
+	if err := mark.Behind(ctx, c.kube, markPlace(opts), opts.owner, reg, false); err != nil {
 		return 1, fmt.Errorf("refused: %w", err)
 	}
 	// Rows are bound to this owner: it must be this cluster's (bound on first use).
 	if opts.dryRun {
-		if b, err := reg.BindingOf(ctx, opts.owner); err == nil && b.Cluster != cluster {
-			return 1, fmt.Errorf("owner %q is bound to cluster %s, not this one (%s): %w", opts.owner, b.Cluster, cluster, registry.ErrOtherCluster)
+		if b, err := reg.BindingOf(ctx, opts.owner); err == nil && b.Cluster != c.id {
+			return 1, fmt.Errorf("owner %q is bound to cluster %s, not this one (%s): %w", opts.owner, b.Cluster, c.id, registry.ErrOtherCluster)
 		} else if err != nil && !errors.Is(err, registry.ErrNotFound) {
 			return 1, err
 		}
-	} else if _, err := reg.Bind(ctx, opts.owner, cluster); err != nil {
+	} else if _, err := reg.Bind(ctx, opts.owner, c.id); err != nil {
 		return 1, err
 	}
 
@@ -87,7 +77,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 			in.Rows = append(in.Rows, r)
 		}
 	}
-	all, err := listStudents(ctx, students, controller.Scope{})
+	all, err := listStudents(ctx, c.students, controller.Scope{})
 	if err != nil {
 		return 1, err
 	}
@@ -95,7 +85,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 		in.Students[s.Namespace+"/"+s.Name] = decide.ClusterStudent{UID: string(s.UID), RowUID: controller.RowUID(s),
 			AdoptedFrom: s.Annotations[controller.AnnotationAdoptedFrom], Paused: s.Annotations[studentv1.AnnotationPaused] == "true"}
 	}
-	namespaces, err := kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	namespaces, err := c.kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return 1, fmt.Errorf("list namespaces: %w", err)
 	}
@@ -104,35 +94,25 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 	}
 	plan := controller.PlanAdoption(in)
 
+	progress := stdout
 	if ao.output == "json" {
-		if plan.Actions == nil {
-			plan.Actions = []controller.PlannedAction{}
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(plan); err != nil {
+		progress = stderr
+		if err := writeJSON(stdout, &plan.Actions, &plan); err != nil {
 			return 1, err
 		}
 	} else {
 		printAdoption(stdout, reg.String(), opts.owner, plan, len(malformed))
 	}
 	refused := len(plan.Actions) - plan.Changes() + len(malformed)
-	progress := stdout
-	if ao.output == "json" {
-		progress = stderr
-	}
 	if opts.dryRun || plan.Changes() == 0 {
-		if plan.Changes() > 0 || refused > 0 {
-			return 2, nil
-		}
-		return 0, nil
+		return twoIf(plan.Changes() > 0 || refused > 0), nil
 	}
 
 	byUID := make(map[string]registry.Record, len(in.Rows))
 	for _, r := range in.Rows {
 		byUID[r.UID] = r
 	}
-	a := adopter{reg: reg, kube: kube, students: students, owner: opts.owner}
+	a := adopter{reg: reg, kube: c.kube, students: c.students, owner: opts.owner}
 	done, total, last := 0, plan.Changes(), time.Now()
 	for _, act := range plan.Actions {
 		if act.Action == controller.PlanRefuse {
@@ -147,10 +127,7 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, stdout, stder
 			last = time.Now()
 		}
 	}
-	if refused > 0 {
-		return 2, nil
-	}
-	return 0, nil
+	return twoIf(refused > 0), nil
 }
 
 // adopter makes the Student of a row and binds the row to it.
@@ -162,8 +139,8 @@ type adopter struct {
 }
 
 // adopt carries out one step of the plan. The Student is made paused, so the controller
-// leaves it alone until its row is bound; then the row is bound and the Student unpaused.
-// The next run finishes a run cut short (the Student names its row's former uid).
+// leaves it alone until its row is bound, then unpaused. The next run finishes a run cut
+// short (the Student names its row's former uid).
 func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, step decide.Adoption, row registry.Record) error {
 	switch step.Step {
 	case decide.AdoptFinish:

@@ -7,8 +7,8 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-// errDryRun refuses every write of a dry run: Config.Leading returns it, so the guard (the
-// controller's one write path) never reaches a client or the registry.
+// errDryRun is what Config.Leading returns in a dry run, so the guard (the one write path)
+// reaches no client or registry.
 var errDryRun = errors.New("--dry-run: nothing is written")
 
 // dryRunRegistry reads a read-only registry and refuses writes again, behind the guard.

@@ -63,8 +63,7 @@ func main() {
 		runtime.MemProfileRate = 0
 	}
 
-	// The metrics server comes from controller-runtime, which logs through logr.
-	ctrllog.SetLogger(klog.NewKlogr())
+	ctrllog.SetLogger(klog.NewKlogr()) // the metrics server comes from controller-runtime, which logs through logr
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	go func() {
@@ -79,8 +78,8 @@ func main() {
 	klog.Flush()
 }
 
-// addLoggingFlags adds the component-base logging flags, as kube-controller-manager has
-// them, and returns the configuration they fill, for logsapi.ValidateAndApply.
+// addLoggingFlags adds kube-controller-manager's logging flags (component-base) and
+// returns the configuration they fill.
 func addLoggingFlags(fs *flag.FlagSet) *logsapi.LoggingConfiguration {
 	c := logsapi.NewLoggingConfiguration()
 	logsapi.AddGoFlags(c, fs)

@@ -55,10 +55,8 @@ type options struct {
 	renewDeadline        time.Duration
 	retryPeriod          time.Duration
 
-	// set are the flags given on the command line, by name.
-	set map[string]bool
-	// scope is --namespace and --selector, read by validate.
-	scope controller.Scope
+	set   map[string]bool  // the flags given on the command line, by name
+	scope controller.Scope // --namespace and --selector, parsed by validate
 
 	metricsAddr   string
 	metricsSecure bool
@@ -189,9 +187,9 @@ func (o *options) recordSet(fs *flag.FlagSet) {
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 }
 
-// The resync's default period, with the sweep on and off. The sweep finds drift with one
-// List, while a resync syncs every cached Student and reads its row. So with the sweep on
-// the resync is a rare backstop (a status edited by hand); off, it is what finds drift.
+// The resync's default period, sweep on and off. The sweep finds drift with one List; a
+// resync syncs every cached Student and reads its row. So with the sweep on the resync is
+// a rare backstop (a status edited by hand); off, it finds drift.
 const (
 	resyncPeriod       = 10 * time.Hour
 	resyncWithoutSweep = 10 * time.Minute
@@ -217,16 +215,13 @@ func (o *options) validate() error {
 	if err := o.parseRegistry(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.tracingEndpoint != "" {
-		if invalid := tracingv1.ValidateTracingConfiguration(o.tracingConfig(), nil, field.NewPath("tracing")); len(invalid) > 0 {
-			errs = append(errs, fmt.Errorf("--tracing-endpoint: %w", invalid.ToAggregate()))
-		}
-	}
+	invalid := tracingv1.ValidateTracingConfiguration(o.tracingConfig(), nil, field.NewPath("tracing"))
 	sqlite := o.registry.SQLite()
 	for _, c := range []struct {
 		bad bool
 		err error
 	}{
+		{o.tracingEndpoint != "" && len(invalid) > 0, fmt.Errorf("--tracing-endpoint: %w", invalid.ToAggregate())},
 		{o.workers < 1, fmt.Errorf("--workers must be at least 1, got %d", o.workers)},
 		{o.qps <= 0 || o.burst < 1, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", o.qps, o.burst)},
 		{o.owner == "", errors.New("--registry-owner must not be empty")},

@@ -68,24 +68,32 @@ func planCommand(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	report, err := makePlan(ctx, opts)
+	if err == nil && *output == "json" {
+		err = writeJSON(stdout, &report.Actions, &report)
+	} else if err == nil {
+		printPlan(stdout, report)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "student-controller plan: %v\n", err)
 		return 1
 	}
-	if *output == "json" {
-		if report.Actions == nil {
-			report.Actions = []controller.PlannedAction{} // [] for scripts, not null
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(report); err != nil {
-			fmt.Fprintf(stderr, "student-controller plan: %v\n", err)
-			return 1
-		}
-	} else {
-		printPlan(stdout, report)
+	return twoIf(report.Changes() > 0)
+}
+
+// writeJSON writes v indented, for scripts; actions, if nil, become [] rather than null.
+func writeJSON(w io.Writer, actions *[]controller.PlannedAction, v any) error {
+	if *actions == nil {
+		*actions = []controller.PlannedAction{}
 	}
-	if report.Changes() > 0 {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// twoIf is plan's and adopt's exit code: 2 when cond (something would change or was left
+// alone), else 0.
+func twoIf(cond bool) int {
+	if cond {
 		return 2
 	}
 	return 0
@@ -94,15 +102,12 @@ func planCommand(ctx context.Context, args []string, stdout, stderr io.Writer) i
 // planReport is a plan with what it compared.
 type planReport struct {
 	controller.Plan
-	Registry string `json:"registry"`
-	Owner    string `json:"owner"`
-	Cluster  string `json:"cluster"`
-	// Scope is the controller's --namespace and --selector, for people.
-	Scope string `json:"scope"`
-	// NoSchema says the registry has no schema yet, so every row is new.
-	NoSchema bool `json:"noSchema,omitempty"`
-	// RegistryBehind says why the registry is behind the cluster's mark, if it is.
-	RegistryBehind string `json:"registryBehind,omitempty"`
+	Registry       string `json:"registry"`
+	Owner          string `json:"owner"`
+	Cluster        string `json:"cluster"`
+	Scope          string `json:"scope"`                    // the controller's --namespace and --selector, for people
+	NoSchema       bool   `json:"noSchema,omitempty"`       // the registry has no schema yet, so every row is new
+	RegistryBehind string `json:"registryBehind,omitempty"` // why the registry is behind the cluster's mark, if it is
 }
 
 func makePlan(ctx context.Context, opts options) (planReport, error) {
@@ -115,9 +120,8 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	if err != nil {
 		return report, err
 	}
-	students, cluster := c.students, c.id
 	var rows readOnlyRegistry
-	switch r, err := registry.OpenToRead(ctx, opts.registry, opts.owner, cluster, registry.Options{Password: opts.registryPassword(), MaxOpenConns: opts.maxOpenConns}); {
+	switch r, err := registry.OpenToRead(ctx, opts.registry, opts.owner, c.id, registry.Options{Password: opts.registryPassword(), MaxOpenConns: opts.maxOpenConns}); {
 	case errors.Is(err, registry.ErrNoSchema):
 		rows, report.NoSchema = noSchema{display: opts.registry.String()}, true
 	case err != nil:
@@ -126,7 +130,7 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 		defer r.Close()
 		rows = r
 	}
-	report.Registry, report.Cluster = rows.String(), cluster
+	report.Registry, report.Cluster = rows.String(), c.id
 	var behind *mark.BehindError
 	if err := mark.Behind(ctx, c.kube, markPlace(opts), opts.owner, rows, false); errors.As(err, &behind) {
 		report.RegistryBehind = behind.Error()
@@ -134,7 +138,7 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 		return report, err
 	}
 
-	all, err := listStudents(ctx, students, opts.scope)
+	all, err := listStudents(ctx, c.students, opts.scope)
 	if err != nil {
 		return report, err
 	}
@@ -143,14 +147,14 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 		SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent, NoSweep: opts.sweepInterval == 0,
 		MaxUndo: opts.maxRewinds, CRDOlder: c.crd != nil, RegistryBehind: behind != nil,
 		Exists: func(ctx context.Context, row registry.Record) (bool, error) {
-			return studentThere(ctx, students, row)
+			return studentThere(ctx, c.students, row)
 		},
 	}, all)
 	return report, err
 }
 
-// clusterClients are a subcommand's clients of the cluster, its identity, and what
-// controller.CheckCRD says of the served Student CRD.
+// clusterClients are a subcommand's clients of the cluster, its identity, and CheckCRD's
+// word on the Student CRD.
 type clusterClients struct {
 	kube     kubernetes.Interface
 	students versioned.Interface
@@ -286,8 +290,6 @@ func (noSchema) LastHistory(context.Context, string, string, string) (registry.H
 	return registry.HistoryEntry{}, false, nil
 }
 
-func (noSchema) CheckSchema(context.Context) error { return nil }
-
+func (noSchema) CheckSchema(context.Context) error               { return nil }
 func (noSchema) ReadMark(context.Context, string) (int64, error) { return 0, nil }
-
-func (n noSchema) String() string { return n.display + " (no schema yet)" }
+func (n noSchema) String() string                                { return n.display + " (no schema yet)" }

@@ -17,38 +17,29 @@ import (
 
 // pruneOptions are prune's own flags.
 type pruneOptions struct {
-	max     int
-	yes     bool
-	migrate bool
+	max int
+	yes bool
 }
 
 // pruneRows runs "student-controller registry prune", the one explicit delete of rows
 // released for absence: rows released without their Students under the Delete policy,
 // whose Students are still gone. With --yes it deletes them under the owner's write fence.
 // Exit code: 2 when rows would be pruned (no --yes) or --max-prunes refused them, else 0.
-func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Writer) (int, error) {
+func pruneRows(ctx context.Context, opts options, po pruneOptions, migrate bool, stdout io.Writer) (int, error) {
 	c, err := commandClients(ctx, opts)
 	if err != nil {
 		return 1, err
 	}
-	kube, students, cluster := c.kube, c.students, c.id
-	var reg *registry.Registry
-	release := func() {}
-	if po.yes {
-		if reg, release, err = openFenced(ctx, opts, po.migrate); err != nil {
-			return 1, err
-		}
-	} else {
-		if reg, err = registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), ReadOnly: true}); err != nil {
-			return 1, err
-		}
+	reg, release, err := openRegistry(ctx, opts, po.yes, migrate)
+	if err != nil {
+		return 1, err
 	}
 	defer func() { release(); _ = reg.Close() }()
-	if err := reg.CheckBinding(ctx, opts.owner, cluster); err != nil {
+	if err := reg.CheckBinding(ctx, opts.owner, c.id); err != nil {
 		return 1, err
 	}
 	// A registry put back in time may record stale policies: prune nothing until confirmed.
-	if err := mark.Behind(ctx, kube, markPlace(opts), opts.owner, reg, true); err != nil {
+	if err := mark.Behind(ctx, c.kube, markPlace(opts), opts.owner, reg, true); err != nil {
 		return 1, fmt.Errorf("refused: %w", err)
 	}
 	released, malformed, err := reg.ListReleased(ctx, opts.owner)
@@ -60,15 +51,13 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, stdout io.Wri
 		if !registry.Prunable(r, opts.owner) || !opts.scope.Contains(r.Namespace) {
 			continue
 		}
-		there, err := studentThere(ctx, students, r)
-		if err != nil {
+		if there, err := studentThere(ctx, c.students, r); err != nil {
 			return 1, err
-		}
-		if there {
+		} else if there {
 			live = append(live, r)
-			continue
+		} else {
+			prune = append(prune, r)
 		}
-		prune = append(prune, r)
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "ACTION\tNAMESPACE\tNAME\tUID\tRELEASED\tCAUSE")

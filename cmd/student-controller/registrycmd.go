@@ -77,17 +77,13 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		return 2
 	}
 	err := opts.parseRegistry()
-	rf.adopt.migrate, rf.prune.migrate = rf.migrate, rf.migrate
 	switch {
 	case err != nil:
-	case fs.NArg() > 0:
+	case fs.NArg() > 0 || (args[0] != "backup" && opts.owner == ""):
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	case args[0] == "backup" && rf.to != "" && !rf.migrate:
 		err = backup(ctx, opts, rf.to, stdout)
-	case opts.owner == "":
-		fmt.Fprint(stderr, registryUsage)
-		return 2
 	case args[0] == "move-cluster" && rf.from != "":
 		err = moveCluster(ctx, opts, rf.from, rf.migrate, stdout)
 	case args[0] == "rename-owner" && rf.to != "":
@@ -100,9 +96,9 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		defer cancel()
 		var code int
 		if args[0] == "adopt" {
-			code, err = adoptRows(ctx, opts, rf.adopt, stdout, stderr)
+			code, err = adoptRows(ctx, opts, rf.adopt, rf.migrate, stdout, stderr)
 		} else {
-			code, err = pruneRows(ctx, opts, rf.prune, stdout)
+			code, err = pruneRows(ctx, opts, rf.prune, rf.migrate, stdout)
 		}
 		if err == nil {
 			return code
@@ -163,9 +159,9 @@ func moveCluster(ctx context.Context, opts options, from string, migrate bool, s
 	return nil
 }
 
-// openFenced opens the registry for a subcommand that writes for opts.owner and takes
-// the owner's write fence before any write, a migration included (only with migrate).
-// It refuses, naming the holder, while a controller holds it. Call release before Close.
+// openFenced opens the registry to write for opts.owner, taking the owner's write fence
+// before any write, a migration (only with migrate) included. It refuses, naming the
+// holder, while a controller holds it. Call release before Close.
 func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Registry, func(), error) {
 	reg, err := registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), MigrateLater: true, KeepSchema: !migrate})
 	if err != nil {
@@ -183,13 +179,11 @@ func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Regi
 	changed := "Nothing was changed"
 	fence := func() error {
 		var err error
-		release, err = reg.Fence(ctx, opts.owner)
-		if errors.Is(err, registry.ErrHeld) {
+		if release, err = reg.Fence(ctx, opts.owner); err != nil {
 			release = func() {}
-			return fmt.Errorf("%w. %s. Stop the controllers of owner %q first (scale them to zero), then run it again", err, changed, opts.owner)
 		}
-		if err != nil {
-			release = func() {}
+		if errors.Is(err, registry.ErrHeld) {
+			return fmt.Errorf("%w. %s. Stop the controllers of owner %q first (scale them to zero), then run it again", err, changed, opts.owner)
 		}
 		return err
 	}
@@ -218,6 +212,16 @@ func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Regi
 		return fail(err)
 	}
 	return reg, release, nil
+}
+
+// openRegistry opens the registry as openFenced does to write, else read-only, with a
+// release that does nothing.
+func openRegistry(ctx context.Context, opts options, write, migrate bool) (*registry.Registry, func(), error) {
+	if write {
+		return openFenced(ctx, opts, migrate)
+	}
+	reg, err := registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), ReadOnly: true})
+	return reg, func() {}, err
 }
 
 // backup copies a SQLite registry to the new file to, and says what the copy holds.

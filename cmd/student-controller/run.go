@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -48,14 +47,14 @@ func run(ctx context.Context, opts options) error {
 	defer servers.Wait()
 	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
-	// Probes first: while the registry is out of reach the Pod is alive and not ready,
-	// not crash-looping.
+	// Probes first: while the registry is out of reach the Pod is alive and not ready, not
+	// crash-looping.
 	var watchdog *leaderelection.HealthzAdaptor
 	if opts.leaderElect && !opts.dryRun {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
 	probes := &readiness{owner: opts.owner}
-	if err := startProbes(serveCtx, &servers, opts, probes, watchdog); err != nil {
+	if err := listenAndServe(serveCtx, &servers, opts.probeAddr, probeHandler(probes.ready, watchdog), "probes"); err != nil {
 		return err
 	}
 
@@ -81,12 +80,15 @@ func run(ctx context.Context, opts options) error {
 		probes.keeper.Store(keeper)
 	}
 	probes.ctrl.Store(ctrl)
-	if err := startServers(serveCtx, &servers, opts, cfg); err != nil {
+	if err := listenAndServe(serveCtx, &servers, opts.pprofAddr, pprofHandler(), "pprof"); err != nil {
+		return err
+	}
+	if err := serveMetrics(serveCtx, &servers, opts, cfg); err != nil {
 		return err
 	}
 
-	// The informers stop whenever run returns, a lost Lease included, not only on a
-	// signal; Shutdown (deferred above, so run after this) waits for them.
+	// The informers stop whenever run returns, a lost Lease included; Shutdown, deferred
+	// above so run after, waits for them.
 	informersCtx, stopInformers := context.WithCancel(ctx)
 	defer stopInformers()
 	wiring.Start(informersCtx)
@@ -105,9 +107,9 @@ func run(ctx context.Context, opts options) error {
 		return w.work(ctx)
 	}
 	return leader.Run(ctx, leader.Config{
-		Namespace: leaseNamespace(opts), Name: opts.leaderElectID, Client: wiring.KubeClient, Recorder: wiring.Recorder,
+		Namespace: cmp.Or(opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"), metav1.NamespaceSystem), Name: opts.leaderElectID,
+		Client: wiring.KubeClient, Recorder: wiring.Recorder, Watchdog: watchdog, Gate: gate,
 		LeaseDuration: opts.leaseDuration, RenewDeadline: opts.renewDeadline, RetryPeriod: opts.retryPeriod,
-		Watchdog: watchdog, Gate: gate,
 	}, w.work)
 }
 
@@ -139,35 +141,12 @@ func (r *readiness) ready() error {
 	return nil
 }
 
-// startProbes serves /healthz and /readyz, unless --health-probe-bind-address is 0.
-func startProbes(ctx context.Context, servers *sync.WaitGroup, opts options, r *readiness, watchdog *leaderelection.HealthzAdaptor) error {
-	if opts.probeAddr == "0" {
-		return nil
-	}
-	probes := &http.Server{Addr: opts.probeAddr, Handler: probeHandler(r.ready, watchdog), ReadHeaderTimeout: 5 * time.Second}
-	return listenAndServe(ctx, servers, probes, "probes")
-}
-
-// startMetrics adds the process, Go, workqueue and controller metrics to
-// controller-runtime's registry, which already has client-go's.
+// startMetrics adds process, Go, workqueue and controller metrics to controller-runtime's
+// registry, beside client-go's.
 func startMetrics() *controller.Metrics {
 	crmetrics.Registry.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	workqueue.SetProvider(controller.NewWorkqueueMetricsProvider(crmetrics.Registry))
 	return controller.NewMetrics(crmetrics.Registry)
-}
-
-// startServers serves pprof and the metrics, unless their addresses are 0.
-func startServers(ctx context.Context, servers *sync.WaitGroup, opts options, cfg *rest.Config) error {
-	if opts.pprofAddr != "0" {
-		profiling := &http.Server{Addr: opts.pprofAddr, Handler: pprofHandler(), ReadHeaderTimeout: 5 * time.Second}
-		if err := listenAndServe(ctx, servers, profiling, "pprof"); err != nil {
-			return err
-		}
-	}
-	if opts.metricsAddr == "0" {
-		return nil
-	}
-	return serveMetrics(ctx, servers, opts, cfg)
 }
 
 // newKeeper is the keeper of the registry's mark: nil in a dry run or with no namespace.
@@ -184,8 +163,8 @@ func newKeeper(ctx context.Context, opts options, client kubernetes.Interface, r
 	return &mark.Keeper{Client: client, Place: place, Owner: opts.owner, Registry: reg, Gauge: metrics, Pod: podReference()}
 }
 
-// startController makes the controller, its informers and its tracing's stop. The gate is
-// the elector's (always open without leader election); a dry run's always refuses.
+// startController makes the controller, its informers and its tracing's stop; gate is the
+// elector's (open without election).
 func startController(ctx context.Context, opts options, cfg *rest.Config, reg controller.Registry, cluster string,
 	metrics *controller.Metrics, keeper *mark.Keeper, gate *leader.Gate) (*controller.Wiring, func(), error) {
 	rateLimiter := controller.DefaultRateLimiter()
@@ -303,13 +282,8 @@ type dryRunGate struct{}
 
 func (dryRunGate) Check() error { return errDryRun }
 
-// leaseNamespace is --leader-elect-namespace, else the Pod's namespace, else kube-system.
-func leaseNamespace(opts options) string {
-	return cmp.Or(opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"), metav1.NamespaceSystem)
-}
-
-// markPlace is the mark's ConfigMap: in --registry-mark-namespace, else the Lease's, else
-// the Pod's namespace; named after the Lease, so the Lease's RBAC names it too.
+// markPlace is the mark's ConfigMap (see --registry-mark-namespace), named after the Lease
+// so the Lease's RBAC names it too.
 func markPlace(opts options) mark.Place {
 	namespace := cmp.Or(opts.markNamespace, opts.leaderElectNamespace, os.Getenv("POD_NAMESPACE"))
 	if namespace == "" && opts.leaderElect {
@@ -321,8 +295,8 @@ func markPlace(opts options) mark.Place {
 // crdRetry is how often a controller that found the Student CRD too old reads it again.
 const crdRetry = 10 * time.Second
 
-// waitForCRD waits until the served CRD has every field the controller relies on; false
-// if ctx ends first. Meanwhile problem says why the Pod is not ready.
+// waitForCRD waits until the served CRD has every field the controller needs (false if ctx
+// ends); problem says why not.
 func waitForCRD(ctx context.Context, client dynamic.Interface, problem *atomic.Pointer[string]) bool {
 	logger := klog.FromContext(ctx)
 	said := ""
@@ -375,8 +349,8 @@ func podReference() *corev1.ObjectReference {
 	}
 }
 
-// open opens the registry, read-only as a dryRunRegistry for --dry-run (writable nil), and
-// returns the cluster ID and a closer; a nil registry and no error if ctx ends first.
+// open opens the registry, read-only as a dryRunRegistry for --dry-run (writable nil); nil
+// and no error if ctx ends first.
 func open(ctx context.Context, opts options, kubeClient kubernetes.Interface) (reg interface {
 	controller.Registry
 	String() string

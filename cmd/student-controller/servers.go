@@ -22,8 +22,12 @@ import (
 	"github.com/student-controller/student-controller/internal/metricsauth"
 )
 
-// serveMetrics serves /metrics over HTTP, or HTTPS with API-server auth (--metrics-secure).
+// serveMetrics serves /metrics over HTTP, or HTTPS with API-server auth
+// (--metrics-secure), unless its address is 0.
 func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *rest.Config) error {
+	if opts.metricsAddr == "0" {
+		return nil
+	}
 	mo := metricsserver.Options{BindAddress: opts.metricsAddr, SecureServing: opts.metricsSecure,
 		// No gzip: it keeps a compressor alive between scrapes (bench/results/history.md).
 		HandlerOpts: []func(*promhttp.HandlerOpts){func(o *promhttp.HandlerOpts) { o.DisableCompression = true }},
@@ -54,9 +58,14 @@ func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *re
 	return nil
 }
 
-// listenAndServe binds now, so a taken port fails the start, and serves until ctx is done.
-func listenAndServe(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, what string) error {
-	ln, err := net.Listen("tcp", srv.Addr)
+// listenAndServe serves h at addr until ctx is done, unless addr is 0. It binds now, so a
+// taken port fails the start.
+func listenAndServe(ctx context.Context, wg *sync.WaitGroup, addr string, h http.Handler, what string) error {
+	if addr == "0" {
+		return nil
+	}
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -76,8 +85,8 @@ func listenAndServe(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, w
 }
 
 // probeHandler serves /healthz (failing for a leader that cannot renew) and /readyz (the
-// Student cache has synced). Readiness skips the registry: in its outage every replica
-// would be unready at once, and the PodDisruptionBudget would block all node drains.
+// Student cache has synced). Readiness skips the registry: in its outage all replicas
+// would be unready at once, and the PDB would block node drains.
 func probeHandler(ready func() error, watchdog *leaderelection.HealthzAdaptor) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {

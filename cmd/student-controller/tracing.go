@@ -15,8 +15,8 @@ import (
 )
 
 // startTracing returns the tracer provider for --tracing-endpoint (nil when off) and a
-// function that flushes and stops it. Like kube-apiserver it exports OTLP over gRPC without
-// TLS (to a collector beside it), sampling --tracing-sampling-rate-per-million of syncs.
+// function that flushes and stops it. Like kube-apiserver it exports OTLP over gRPC
+// without TLS, to a collector beside it.
 func startTracing(ctx context.Context, opts options) (trace.TracerProvider, func(), error) {
 	if opts.tracingEndpoint == "" {
 		return nil, func() {}, nil
@@ -26,15 +26,14 @@ func startTracing(ctx context.Context, opts options) (trace.TracerProvider, func
 	if err != nil {
 		return nil, nil, err
 	}
-	stop := func() {
+	return provider, func() {
 		// A collector gone holds the exit 5 s at most, after the drain.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := provider.Shutdown(ctx); err != nil {
 			klog.FromContext(ctx).Error(err, "Flushing the last spans failed")
 		}
-	}
-	return provider, stop, nil
+	}, nil
 }
 
 // tracingConfig is the tracing flags as kube-apiserver's TracingConfiguration.

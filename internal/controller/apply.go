@@ -78,28 +78,26 @@ type written struct {
 
 // do makes the write of one action. Registry failures come back as registryError.
 func (c *Controller) do(ctx context.Context, s *studentv1.Student, a decide.Action) (written, error) {
-	var out written
-	var err error
-	rec := a.Record
 	switch a.Op {
 	case decide.AddFinalizer:
 		s.Finalizers = append(s.Finalizers, Finalizer)
-		if out.student, err = c.write.setFinalizers(ctx, s); err != nil {
-			return out, fmt.Errorf("add finalizer: %w", err)
+		updated, err := c.write.setFinalizers(ctx, s)
+		if err != nil {
+			return written{}, fmt.Errorf("add finalizer: %w", err)
 		}
-		return out, nil
+		return written{student: updated}, nil
 	case decide.RemoveFinalizer:
 		s.Finalizers = slices.DeleteFunc(s.Finalizers, func(f string) bool { return f == Finalizer })
 		if _, err := c.write.setFinalizers(ctx, s); err != nil && !apierrors.IsNotFound(err) {
-			return out, fmt.Errorf("remove finalizer: %w", err)
+			return written{}, fmt.Errorf("remove finalizer: %w", err)
 		}
-		return out, nil
+		return written{}, nil
 	}
 	op, wrote := rowOp(c.cfg.Owner, a)
 	res, err := c.write.apply(ctx, op)
-	out.row, out.wrote, out.outcome = res.Record, wrote, res.Outcome
+	out := written{row: res.Record, wrote: wrote, outcome: res.Outcome}
 	if a.Op == decide.Rebind {
-		out.row = rec // bound as decide said: the row as it stands, with the binding
+		out.row = a.Record // bound as decide said: the row as it stands, with the binding
 	}
 	switch {
 	case err == nil, errors.Is(err, ErrNotLeading), errors.Is(err, registry.ErrFenced), errors.Is(err, registry.ErrExists),
@@ -254,17 +252,17 @@ func (c *Controller) statusFailed(ctx context.Context, s *studentv1.Student, d d
 
 // undoStaleWrite releases the row of a Student found gone after its row write: a new
 // leader's cache can still hold a Student the old leader finalized, so the sync wrote its
-// row again. Release destroys nothing; a row already released stays.
+// row again. Release destroys nothing; a released row stays.
 func (c *Controller) undoStaleWrite(ctx context.Context, s *studentv1.Student) error {
 	res, err := c.write.apply(ctx, registry.Op{Kind: registry.OpRelinquish, Record: registry.Record{UID: RowUID(s), Owner: c.cfg.Owner},
 		Why: registry.Why{Cause: registry.CauseStaleCache}})
-	outcome := res.Outcome
 	if err != nil && !errors.Is(err, registry.ErrNotOwned) && !errors.Is(err, registry.ErrObserved) {
 		return fmt.Errorf("the Student is gone; let go of the row this sync wrote from a stale cache: %w", err)
 	}
-	c.observeLetGo(outcome, true)
-	if outcome != registry.Absent {
-		klog.FromContext(ctx).Info("The Student was gone when its status was written: let go of the row written from a cache that was behind", "action", outcome)
+	c.observeLetGo(res.Outcome, true)
+	if res.Outcome != registry.Absent {
+		klog.FromContext(ctx).Info("The Student was gone when its status was written: let go of the row written from a cache that was behind",
+			"action", res.Outcome)
 	}
 	return nil
 }

@@ -43,16 +43,12 @@ type cachedStudent struct {
 type cachedFlags uint8
 
 const (
-	// paused: the paused annotation is "true".
-	cachedPaused cachedFlags = 1 << iota
-	// ownFinalizerOnly: the finalizers are the controller's alone (else rare.finalizers).
-	cachedOwnFinalizerOnly
-	// cachedDelete, cachedOrphan: deletionPolicy is Delete, Orphan (neither: "" or rare).
-	cachedDelete
-	cachedOrphan
-	// cachedManage, cachedObserve: management is Manage, Observe (neither: "" or rare).
-	cachedManage
-	cachedObserve
+	cachedPaused           cachedFlags = 1 << iota // the paused annotation is "true"
+	cachedOwnFinalizerOnly                         // the finalizers are the controller's alone (else rare.finalizers)
+	cachedDelete                                   // deletionPolicy is Delete (neither this nor cachedOrphan: "" or rare)
+	cachedOrphan                                   // deletionPolicy is Orphan
+	cachedManage                                   // management is Manage (neither this nor cachedObserve: "" or rare)
+	cachedObserve                                  // management is Observe
 )
 
 // rareFields are the fields that few Students have.
@@ -84,7 +80,7 @@ type registryFacts struct {
 }
 
 // compact is the informer's transform. Anything else passes through, as does a
-// cachedStudent (a resync hands the cache's own objects back).
+// cachedStudent (a resync hands it back).
 func compact(obj any) (any, error) {
 	s, ok := obj.(*studentv1.Student)
 	if !ok || s == nil {
@@ -204,10 +200,7 @@ func (c *cachedStudent) student() *studentv1.Student {
 	if c.flags&cachedPaused != 0 {
 		s.Annotations = map[string]string{studentv1.AnnotationPaused: "true"}
 	}
-	if c.conditions != (unique.Handle[conditionSet]{}) {
-		set := c.conditions.Value()
-		s.Status.Conditions = slices.Clone(set.c[:set.n])
-	}
+	s.Status.Conditions = slices.Clone(c.statusConditions())
 	if c.registry != (unique.Handle[registryFacts]{}) {
 		facts := c.registry.Value()
 		s.Status.Registry = &studentv1.RegistryStatus{Owner: facts.owner, WrittenGeneration: facts.generation}
@@ -229,11 +222,17 @@ func (c *cachedStudent) student() *studentv1.Student {
 		annotate(studentv1.AnnotationReconcileRequestedAt, r.reconcileRequestedAt)
 		annotate(studentv1.AnnotationRowUID, r.rowUID)
 		s.Status.LastHandledReconcileAt = r.lastHandledReconcileAt
-		if r.conditions != nil {
-			s.Status.Conditions = slices.Clone(r.conditions)
-		}
 	}
 	return s
+}
+
+// statusConditions are the status's conditions, not to be changed.
+func (c *cachedStudent) statusConditions() []metav1.Condition {
+	if c.conditions == (unique.Handle[conditionSet]{}) {
+		return c.rareField().conditions
+	}
+	set := c.conditions.Value()
+	return set.c[:set.n]
 }
 
 func (c *cachedStudent) namespace() string { return c.key[:c.nsLen] }
@@ -318,7 +317,6 @@ func (c *cachedStudent) finalizers() []string {
 
 var ownFinalizerOnly = []string{Finalizer}
 
-// isPaused says whether the paused annotation holds the Student still.
 func (c *cachedStudent) isPaused() bool { return c.flags&cachedPaused != 0 }
 
 // cacheKey is the cache's key function: namespace/name of any Student or tombstone.

@@ -61,7 +61,7 @@ const defaultMaxRewinds = 100
 type Config struct {
 	// Owner marks the rows this controller writes; it never changes another owner's rows.
 	Owner string
-	// Cluster is the kube-system namespace's UID. When set, a sweep first checks that the
+	// Cluster, when set, is the kube-system namespace's UID: a sweep first checks that the
 	// registry binds Owner to it, and stops the controller if another cluster took over.
 	Cluster string
 	// Scope is which Students the controller watches (NewWiring sets it). The sweep judges
@@ -71,15 +71,15 @@ type Config struct {
 	// SweepInterval is how often the registry is compared with the Students; 0 is never.
 	SweepInterval time.Duration
 	// SweepMaxDeletions and SweepMaxDeletionPercent (of the owner's rows, at least one; 0
-	// means 50) cap the orphan rows one sweep deletes or releases. Over a cap it touches
-	// none and reports it: that is likelier a fault than real deletions.
+	// means 50) cap the orphan rows one sweep deletes or releases. Over a cap it touches none
+	// and reports it: likelier a fault than deletions.
 	SweepMaxDeletions       int
 	SweepMaxDeletionPercent int
 	// MaxRewinds caps the undos (takeUndo) per process, as after an etcd restore. Past it
 	// the Student is not Ready: so many look like a cloned cluster writing to production.
 	MaxRewinds int
-	// SyncTimeout bounds one sync, registry and API calls included (a write that shares
-	// a transaction may wait this long again), and the drain on shutdown.
+	// SyncTimeout bounds one sync, its calls included (a write sharing a transaction may wait
+	// as long again), and the shutdown drain.
 	SyncTimeout time.Duration
 	// RateLimiter spaces retries; DefaultRateLimiter when nil.
 	RateLimiter workqueue.TypedRateLimiter[string]
@@ -131,22 +131,17 @@ type Controller struct {
 	write      *writes
 	cfg        Config
 	clock      clock.PassiveClock
-	// sweepNow asks Run's sweep loop for an early sweep (SweepSoon).
-	sweepNow chan struct{}
-	// stop ends Run when nothing is left to do (see stopsWork).
-	stop context.CancelCauseFunc
+	sweepNow   chan struct{}           // asks Run's sweep loop for an early sweep (SweepSoon)
+	stop       context.CancelCauseFunc // ends Run when nothing is left to do (see stopsWork)
 	// queueTimes is when keys were queued (nil untraced); working, when Run began to work.
 	queueTimes *queueTimes
 	working    time.Time
-	// malformed are the uids of unreadable rows the last sweep found, to log each once.
-	// Only Sweep touches it, and it never runs twice at once.
+	// malformed are the uids of unreadable rows the last sweep found, to log each once; only
+	// Sweep (never concurrent) uses it.
 	malformed map[string]bool
-	// rewound counts the undos (takeUndo) since the process started.
-	rewound atomic.Int64
-	// crd follows the served Student CRD (NewWiring); nil follows nothing.
-	crd *crdWatch
-	// states are what the syncs found, for the metrics.
-	states *states
+	rewound   atomic.Int64 // the undos (takeUndo) since the process started
+	crd       *crdWatch    // follows the served Student CRD (NewWiring); nil follows nothing
+	states    *states      // what the syncs found, for the metrics
 }
 
 // DefaultRateLimiter retries one Student after 0.5s up to 5m, plus an overall bucket: the
@@ -301,8 +296,8 @@ func (c *Controller) SweepSoon() {
 	}
 }
 
-// Run waits for the cache, then runs workers and the sweep until ctx is done. Then it
-// stops taking work, lets syncs in flight finish (within SyncTimeout), and returns.
+// Run waits for the cache, runs workers and the sweep until ctx is done, then stops taking
+// work and returns once the syncs in flight finish (within SyncTimeout).
 func (c *Controller) Run(ctx context.Context, workers int) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
 	logger := klog.FromContext(ctx)
@@ -380,16 +375,15 @@ const historyPruneInterval = time.Hour
 func (c *Controller) pruneHistory(ctx context.Context) {
 	cutoff := c.clock.Now().Add(-c.cfg.HistoryRetention)
 	res, err := c.write.apply(ctx, registry.Op{Kind: registry.OpPruneHistory, Before: cutoff})
-	n := res.Pruned
 	if errors.Is(err, ErrNotLeading) {
 		return
 	}
 	if err != nil && ctx.Err() == nil {
-		utilruntime.HandleErrorWithContext(ctx, err, "Pruning the registry history failed; the next prune retries", "pruned", n)
+		utilruntime.HandleErrorWithContext(ctx, err, "Pruning the registry history failed; the next prune retries", "pruned", res.Pruned)
 		return
 	}
-	if n > 0 {
-		klog.FromContext(ctx).Info("Pruned the registry history", "rows", n, "before", cutoff.UTC().Format(time.RFC3339))
+	if res.Pruned > 0 {
+		klog.FromContext(ctx).Info("Pruned the registry history", "rows", res.Pruned, "before", cutoff.UTC().Format(time.RFC3339))
 	}
 }
 

@@ -79,8 +79,7 @@ func MissingFields(crd *unstructured.Unstructured) []string {
 type crdWatch struct {
 	informer cache.SharedIndexInformer
 	older    atomic.Pointer[CRDTooOldError]
-	// current is called when the CRD is current again.
-	current func()
+	current  func() // called when the CRD is current again
 }
 
 // newCRDWatch watches the Student CRD alone: a field selector on its name, as RBAC allows.

@@ -21,7 +21,8 @@ const dryRunPlanTimeout = 2 * time.Minute
 
 // RunDryRun is Run for --dry-run: once the cache syncs, it plans (as `plan` does) on each
 // Student change and every interval (the registry drifts too), logs new actions and sets
-// the planned-actions gauge. It writes nothing, not even a Lease: each replica plans alone.
+// the planned-actions gauge. It writes nothing, not even a Lease: each replica plans
+// alone.
 func (c *Controller) RunDryRun(ctx context.Context, interval time.Duration) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
 	logger := klog.FromContext(ctx)
@@ -96,8 +97,8 @@ func (c *Controller) dryRun(ctx context.Context, seen map[PlannedAction]bool) ma
 	return now
 }
 
-// Plan is what the controller would do now, from its cache and the registry: the plan
-// of `student-controller plan` over the Students it watches.
+// Plan is what the controller would do now, from its cache and the registry, as
+// `student-controller plan` plans it.
 func (c *Controller) Plan(ctx context.Context) (Plan, error) {
 	cached := c.students.list()
 	students := make([]*studentv1.Student, len(cached))

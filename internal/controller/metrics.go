@@ -12,8 +12,8 @@ import (
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
-// Metrics are the controller's Prometheus metrics. Create them once per process with
-// NewMetrics; a Controller without them keeps its own, registered nowhere.
+// Metrics are the controller's Prometheus metrics: create them once per process with
+// NewMetrics.
 type Metrics struct {
 	reconcileTotal    *prometheus.CounterVec
 	reconcileDuration *prometheus.HistogramVec
@@ -42,12 +42,11 @@ type Metrics struct {
 
 // Results of a reconcile, the label of the reconcile metrics.
 const (
-	resultSuccess  = "success"
-	resultError    = "error"
-	resultConflict = "conflict"
-	resultTerminal = "terminal"
-	// resultNotLeading: refused before it started, by Config.Leading (retried).
-	resultNotLeading = "not_leading"
+	resultSuccess    = "success"
+	resultError      = "error"
+	resultConflict   = "conflict"
+	resultTerminal   = "terminal"
+	resultNotLeading = "not_leading" // refused before it started, by Config.Leading (retried)
 )
 
 // NewMetrics creates the controller's metrics and registers them with reg.
@@ -185,9 +184,7 @@ const (
 )
 
 // SetRegistryBehind says whether the registry is behind the cluster's mark.
-func (m *Metrics) SetRegistryBehind(behind bool) {
-	m.registryBehind.Set(b2f(behind))
-}
+func (m *Metrics) SetRegistryBehind(behind bool) { m.registryBehind.Set(b2f(behind)) }
 
 func (m *Metrics) observeSync(result string, took time.Duration) {
 	m.reconcileTotal.WithLabelValues(result).Inc()
@@ -273,11 +270,7 @@ func (t timedRegistry) start(ctx context.Context, op string) (context.Context, r
 
 func (r registryOp) end(err error) {
 	endSpan(r.span, err)
-	r.t.observe(r.name, r.start, err)
-}
-
-func (t timedRegistry) observe(op string, start time.Time, err error) {
-	if t.m == nil {
+	if r.t.m == nil {
 		return // tests of the span alone
 	}
 	result := "ok"
@@ -293,7 +286,7 @@ func (t timedRegistry) observe(op string, start time.Time, err error) {
 	case err != nil:
 		result = "error"
 	}
-	t.m.registryDuration.WithLabelValues(op, result).Observe(time.Since(start).Seconds())
+	r.t.m.registryDuration.WithLabelValues(r.name, result).Observe(time.Since(r.start).Seconds())
 }
 
 func (t timedRegistry) Get(ctx context.Context, uid string) (registry.Record, error) {

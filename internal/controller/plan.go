@@ -35,14 +35,12 @@ type PlannedAction struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	UID       string `json:"uid"`
-	// Cause says why: the history row's cause for a write, or what blocks a refusal.
-	Cause string `json:"cause"`
+	Cause     string `json:"cause"` // why: the history row's cause for a write, or what blocks a refusal
 }
 
 // Plan is what the controller would do now: the registry compared with the Students.
 type Plan struct {
-	// Actions, ordered by namespace, name and UID.
-	Actions []PlannedAction `json:"actions"`
+	Actions []PlannedAction `json:"actions"` // ordered by namespace, name and UID
 	// Students and Rows were compared; Paused ones get no action; Malformed are unreadable.
 	Students  int `json:"students"`
 	Rows      int `json:"rows"`
@@ -52,8 +50,7 @@ type Plan struct {
 	Orphans      int  `json:"orphans"`
 	SweepBound   int  `json:"sweepBound"`
 	SweepRefused bool `json:"sweepRefused"`
-	// Prunable counts the prunable actions.
-	Prunable int `json:"prunable"`
+	Prunable     int  `json:"prunable"` // the prunable actions
 }
 
 // Changes counts the actions that would change something: not refuse, drifted, prunable.
@@ -186,9 +183,9 @@ func planned(s *studentv1.Student, d decide.Decision) []PlannedAction {
 		case decide.TakeBack:
 			add(PlanRestore, registry.CauseTakenBack)
 		case decide.MarkObserved:
-			add(PlanUpdate, planMarkObserved)
+			add(PlanUpdate, "observed: the row is marked so, and nothing else of it changes")
 		case decide.Rebind:
-			add(PlanUpdate, planRebind)
+			add(PlanUpdate, "the row lost its binding to this Student: it is bound again")
 		case decide.RecordPolicy:
 			add(PlanUpdate, "its deletion policy is recorded")
 		case decide.Delete:
@@ -246,10 +243,6 @@ func (plan *Plan) sweep(in PlanInput, seen map[string]bool) {
 		}
 	}
 }
-
-const planMarkObserved = "observed: the row is marked so, and nothing else of it changes"
-
-const planRebind = "the row lost its binding to this Student: it is bound again"
 
 func planAction(action string) string {
 	switch action {

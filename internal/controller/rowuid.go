@@ -5,8 +5,8 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// RowUID is the uid of s's registry row: the row-uid annotation adopt sets for a row
-// keyed by another system, else s's own uid.
+// RowUID is the uid of s's registry row: the row-uid annotation adopt sets for a row keyed
+// elsewhere, else s's uid.
 func RowUID(s *studentv1.Student) string {
 	if row := s.Annotations[studentv1.AnnotationRowUID]; row != "" {
 		return row

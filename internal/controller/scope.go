@@ -60,8 +60,8 @@ func (s Scope) Contains(namespace string) bool {
 	return len(s.Namespaces) == 0 || slices.Contains(s.Namespaces, namespace)
 }
 
-// Labeled says whether the scope selects by label. Then a row's Student may exist outside
-// the scope, and only the API server can tell such a row from an orphan.
+// Labeled says whether the scope selects by label: then only the API server tells an
+// orphan row from one whose Student is outside the scope.
 func (s Scope) Labeled() bool { return s.Selector != nil && !s.Selector.Empty() }
 
 // String says the scope for people: "all namespaces", "namespaces a, b", and labels.
@@ -80,8 +80,8 @@ func (s Scope) String() string {
 	return where
 }
 
-// rowsIn keeps the rows of the scope's namespaces. A row of another namespace is not this
-// controller's to judge: its Student is not in this cache.
+// rowsIn keeps the rows of the scope's namespaces: a row of another is not this
+// controller's to judge (its Student is not cached).
 func (s Scope) rowsIn(rows []registry.Record) []registry.Record {
 	if len(s.Namespaces) == 0 {
 		return rows
@@ -98,7 +98,7 @@ type Informers struct {
 
 // NewInformers returns scope's informers, resynced every resync, which keep what compact
 // makes. Add the handlers, call Start, then Shutdown once stop is closed. No namespace
-// index: nothing looks Students up by namespace, and it would hold a second set of keys.
+// index: nothing uses it, and it would hold a second set of keys.
 func NewInformers(client versioned.Interface, scope Scope, resync time.Duration) *Informers {
 	namespaces := scope.Namespaces
 	if len(namespaces) == 0 {

@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -28,12 +27,9 @@ import (
 // Wiring is a Controller with its clients, Event recorder and informers. NewWiring is the
 // one place that builds them, for the binary and the tests alike.
 type Wiring struct {
-	// KubeClient reaches the built-in APIs (Events, the leader election Lease).
-	KubeClient kubernetes.Interface
-	// Recorder posts Events through KubeClient.
-	Recorder record.EventRecorder
-	// Controller is the Student controller, not yet running.
-	Controller *Controller
+	KubeClient kubernetes.Interface // reaches the built-in APIs (Events, the leader election Lease)
+	Recorder   record.EventRecorder // posts Events through KubeClient
+	Controller *Controller          // the Student controller, not yet running
 
 	informers   *Informers
 	broadcaster record.EventBroadcaster
@@ -43,14 +39,10 @@ type Wiring struct {
 
 // WiringOptions say what the Controller watches, on top of its Config.
 type WiringOptions struct {
-	// Scope limits the Controller to some namespaces and labels; all when zero.
-	Scope Scope
-	// TracerProvider, when set, traces each sync (Config.Tracer) and its API requests.
-	TracerProvider trace.TracerProvider
-	// ResyncPeriod replays every cached Student this often; 0 never.
-	ResyncPeriod time.Duration
-	// Config tunes the Controller.
-	Config Config
+	Scope          Scope                // limits the Controller to some namespaces and labels; all when zero
+	TracerProvider trace.TracerProvider // when set, traces each sync (Config.Tracer) and its API requests
+	ResyncPeriod   time.Duration        // replays every cached Student this often; 0 never
+	Config         Config               // tunes the Controller
 }
 
 // NewWiring builds the clients, Event recorder, informers and the Controller over reg. It
@@ -75,6 +67,10 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 	if err != nil {
 		return nil, fmt.Errorf("build metadata client: %w", err)
 	}
+	dynamicClient, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("build dynamic client: %w", err)
+	}
 	if config.CRDDeleting == nil {
 		config.CRDDeleting = crdDeleting(metaClient)
 	}
@@ -86,27 +82,20 @@ func NewWiring(ctx context.Context, restConfig *rest.Config, reg Registry, opts 
 		w.broadcaster.Shutdown()
 		return nil, err
 	}
-	dynamicClient, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		w.broadcaster.Shutdown()
-		return nil, fmt.Errorf("build dynamic client: %w", err)
-	}
 	w.crd = newCRDWatch(dynamicClient)
 	w.crd.current = w.Controller.syncAll
 	w.Controller.crd = w.crd
 	return w, nil
 }
 
-// crdName is the Student CRD's name.
 var crdName = "students." + studentv1.SchemeGroupVersion.Group
 
 // crdDeleting returns Config.CRDDeleting: a GET of the CRD's metadata by each finalizer
 // that would delete a row, since the API server marks the CRD deleted just before it
 // deletes its Students. A CRD applied again is a new object: its rows are deleted again.
 func crdDeleting(client metadata.Interface) func(context.Context) (bool, error) {
-	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 	return func(ctx context.Context) (bool, error) {
-		crd, err := client.Resource(gvr).Get(ctx, crdName, metav1.GetOptions{})
+		crd, err := client.Resource(crdResource).Get(ctx, crdName, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 			return true, nil // gone: its Students go with it

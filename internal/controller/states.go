@@ -3,7 +3,6 @@ package controller
 import (
 	"sync"
 	"time"
-	"unique"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -109,8 +108,8 @@ func (g *newGenerations) seen(key string, generation int64, ready, untimed bool,
 	}
 }
 
-// reported stops key's clock once a sync reports generation Ready, and says how long it
-// ran; false when no clock of that generation or an older one ran.
+// reported stops key's clock when a sync reports generation Ready, and says how long it
+// ran: false if no clock of it or an older one ran.
 func (g *newGenerations) reported(key string, generation int64, now time.Time) (time.Duration, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -125,9 +124,7 @@ func (g *newGenerations) reported(key string, generation int64, now time.Time) (
 func (g *newGenerations) forget(key string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if _, ok := g.at[key]; ok {
-		g.drop(key)
-	}
+	g.drop(key) // the map is nil whenever it is empty, so dropping a key it lacks changes nothing
 }
 
 func (g *newGenerations) drop(key string) {
@@ -139,11 +136,6 @@ func (g *newGenerations) drop(key string) {
 
 // isReady says whether the Student's status reports it Ready at its generation.
 func (c *cachedStudent) isReady() bool {
-	conds := c.rareField().conditions
-	if c.conditions != (unique.Handle[conditionSet]{}) {
-		set := c.conditions.Value()
-		conds = set.c[:set.n]
-	}
-	cond := meta.FindStatusCondition(conds, studentv1.ConditionReady)
+	cond := meta.FindStatusCondition(c.statusConditions(), studentv1.ConditionReady)
 	return cond != nil && cond.Status == metav1.ConditionTrue && cond.ObservedGeneration == c.generation
 }

@@ -17,8 +17,8 @@ import (
 	studentv1 "github.com/student-controller/student-controller/pkg/apis/bolingcavalry/v1"
 )
 
-// registryStatus is what the status shows of a stored row. Times are kept to the
-// second, as the API server stores them, so that an unchanged row compares equal.
+// registryStatus is what the status shows of a row; times are to the second, as the API
+// server keeps them, so an unchanged row compares equal.
 func registryStatus(row registry.Record) *studentv1.RegistryStatus {
 	written := metav1.NewTime(row.UpdatedAt.Truncate(time.Second))
 	return &studentv1.RegistryStatus{Owner: row.Owner, LastWrittenTime: &written, WrittenGeneration: row.Generation}
@@ -28,7 +28,6 @@ func registryStatus(row registry.Record) *studentv1.RegistryStatus {
 // the only writer of a Student's status. row (written or found) fills status.registry. It
 // clears the paused form (Synced=False alone) and marks a reconcile request handled.
 func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st decide.Status, row registry.Record) (bool, error) {
-	key := cache.MetaObjectToName(s).String()
 	now := metav1.NewTime(c.clock.Now().Truncate(time.Second))
 	status := *s.Status.DeepCopy()
 	if st.Paused {
@@ -40,7 +39,7 @@ func (c *Controller) updateStatus(ctx context.Context, s *studentv1.Student, st 
 		// last found, as its status does.
 		drifted = new(st.Drifted != nil && *st.Drifted)
 	}
-	c.states.synced(key, st.Ready || st.Reason == studentv1.ReasonDrifted, drifted)
+	c.states.synced(cache.MetaObjectToName(s).String(), st.Ready || st.Reason == studentv1.ReasonDrifted, drifted)
 	status.ObservedGeneration = s.Generation
 	if st.Registry == decide.FromRow {
 		status.Registry = registryStatus(row)

@@ -47,22 +47,19 @@ func sweepRows(owner string, rows []registry.Record, students []*cachedStudent) 
 
 // SweepResult is what one sweep found and did.
 type SweepResult struct {
-	Rows    int // owned rows compared
-	Resync  int // Students queued to repair their rows
-	Orphans int // owned rows without a Student
-	// Released orphans keep the policy they record: a missing Student never deletes a row.
-	Released int
-	// Live are cache orphans whose Student the API server still has: the cache was
-	// behind (a watch cut, a new leader's first minutes), and the row stays.
-	Live int
-	// Malformed owned rows are skipped: their Students' syncs rewrite them, if any.
-	Malformed int
-	// Refused: the sweep let go of none (orphans past the bound, or registry behind).
-	Refused bool
+	Rows     int // owned rows compared
+	Resync   int // Students queued to repair their rows
+	Orphans  int // owned rows without a Student
+	Released int // orphans released; they keep the policy they record: a missing Student never deletes a row
+	// Live are cache orphans whose Student the API server still has: the cache was behind (a
+	// watch cut, a new leader's first minutes), and the row stays.
+	Live      int
+	Malformed int  // owned rows skipped, unreadable: their Students' syncs rewrite them, if any
+	Refused   bool // the sweep let go of none (orphans past the bound, or registry behind)
 }
 
-// Sweep compares owned rows with cached Students (Run calls it once the cache synced):
-// it queues the Students of missing or differing rows, and releases rows whose Student is
+// Sweep compares owned rows with cached Students (Run calls it once the cache synced): it
+// queues the Students of missing or differing rows, and releases rows whose Student is
 // gone, unless past the bound. It never deletes them: absence is no proof of deletion.
 func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	logger := klog.FromContext(ctx)
@@ -91,7 +88,6 @@ func (c *Controller) Sweep(ctx context.Context) (SweepResult, error) {
 	if c.cfg.Scope.Labeled() && len(orphans) > 0 {
 		// A Student may exist with labels outside the selector: its row is out of scope,
 		// neither an orphan nor counted in the guard's share (as plan counts).
-		var err error
 		if orphans, err = c.withoutLive(ctx, orphans, &result); err != nil {
 			return result, err
 		}

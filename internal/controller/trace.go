@@ -19,8 +19,8 @@ import (
 const TracerName = "github.com/student-controller/student-controller/internal/controller"
 
 // The spans of one sync: SpanSync is the root, from when the key was queued to the sync's
-// end. SpanQueueWait, SpanStatusWrite and the registry's spans ("Registry get", ...) are
-// its children, and so is each traced API request, which kube-apiserver continues.
+// end. Its children are SpanQueueWait, SpanStatusWrite, the registry's spans ("Registry
+// get", ...) and each traced API request, which kube-apiserver continues.
 const (
 	SpanSync        = "Sync Student"
 	SpanQueueWait   = "Queue wait"

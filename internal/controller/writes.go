@@ -20,15 +20,13 @@ import (
 // writes is the one path by which the controller changes anything: registry rows, the
 // Students (finalizer, status) and Events. Each write first asks Config.Leading (guard),
 // and the registry fences every row write itself. The Controller holds no other handle
-// that can write, so a new write cannot skip the check; TestWritesTakeOnePath keeps it so.
+// that can write, so a new write cannot skip the check (TestWritesTakeOnePath).
 type writes struct {
 	registry Registry
 	client   versioned.Interface
 	recorder record.EventRecorder
-	// leading is Config.Leading; nil means always.
-	leading Gate
-	// tracer is Config.Tracer; nil traces nothing.
-	tracer trace.Tracer
+	leading  Gate         // Config.Leading; nil means always
+	tracer   trace.Tracer // Config.Tracer; nil traces nothing
 }
 
 // allowed is nil if Config.Leading lets this replica write; only guard and mayStart ask.
@@ -65,9 +63,9 @@ func (w *writes) setFinalizers(ctx context.Context, s *studentv1.Student) (*stud
 	}
 	finalizers := s.Finalizers
 	if finalizers == nil {
-		finalizers = []string{}
+		finalizers = []string{} // none left is [], not null
 	}
-	patch, err := json.Marshal(finalizersPatch{Metadata: finalizersPatchMeta{Finalizers: finalizers, ResourceVersion: s.ResourceVersion}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": finalizers, "resourceVersion": s.ResourceVersion}})
 	if err != nil {
 		return nil, err
 	}
@@ -75,16 +73,6 @@ func (w *writes) setFinalizers(ctx context.Context, s *studentv1.Student) (*stud
 		return w.client.BolingcavalryV1().Students(s.Namespace).Patch(ctx, s.Name, types.MergePatchType, patch,
 			metav1.PatchOptions{FieldManager: FieldManager})
 	})
-}
-
-// finalizersPatch is the merge patch of setFinalizers: none left is [], not null.
-type finalizersPatch struct {
-	Metadata finalizersPatchMeta `json:"metadata"`
-}
-
-type finalizersPatchMeta struct {
-	Finalizers      []string `json:"finalizers"`
-	ResourceVersion string   `json:"resourceVersion"`
 }
 
 // updateStatus writes s's status: only .status is kept, and a changed Student conflicts.
