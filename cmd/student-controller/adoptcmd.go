@@ -147,6 +147,9 @@ func (a *adopter) adopt(ctx context.Context, act controller.PlannedAction, step 
 		return a.unpause(ctx, act.Namespace, act.Name)
 	case decide.AdoptRebind:
 		return a.rebind(ctx, act, row)
+	case decide.AdoptMake, decide.AdoptResume:
+	default:
+		return fmt.Errorf("no step to adopt row %s with (%s)", row.UID, act.Action)
 	}
 	if step.Observe {
 		// Until bound, the sweep takes this row for an orphan; an observed row it leaves.

@@ -108,6 +108,7 @@ type planReport struct {
 	Scope          string `json:"scope"`                    // the controller's --namespace and --selector, for people
 	NoSchema       bool   `json:"noSchema,omitempty"`       // the registry has no schema yet, so every row is new
 	RegistryBehind string `json:"registryBehind,omitempty"` // why the registry is behind the cluster's mark, if it is
+	MarkUnread     string `json:"markUnread,omitempty"`     // why the mark could not be compared, if it could not
 }
 
 func makePlan(ctx context.Context, opts options) (planReport, error) {
@@ -131,21 +132,23 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 		rows = r
 	}
 	report.Registry, report.Cluster = rows.String(), c.id
+	// Compared only where the controller would keep the mark; a plan goes on without it.
 	var behind *mark.BehindError
-	if err := mark.Behind(ctx, c.kube, markPlace(opts), opts.owner, rows, false); errors.As(err, &behind) {
-		report.RegistryBehind = behind.Error()
-	} else if err != nil {
-		return report, err
+	if place := markPlace(opts); place.Namespace != "" {
+		if err := mark.Behind(ctx, c.kube, place, opts.owner, rows, false); errors.As(err, &behind) {
+			report.RegistryBehind = behind.Error()
+		} else if err != nil {
+			report.MarkUnread = err.Error()
+		}
 	}
 
 	all, err := listStudents(ctx, c.students, opts.scope)
 	if err != nil {
 		return report, err
 	}
-	report.Plan, err = controller.PlanFor(ctx, rows, controller.PlanScope{
-		Owner: opts.owner, Scope: opts.scope,
-		SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent, NoSweep: opts.sweepInterval == 0,
-		MaxUndo: opts.maxRewinds, CRDOlder: c.crd != nil, RegistryBehind: behind != nil,
+	report.Plan, err = controller.PlanFor(ctx, rows, controller.PlanScope{Scope: opts.scope, PlanPolicy: controller.PlanPolicy{
+		Owner: opts.owner, SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent,
+		NoSweep: opts.sweepInterval == 0, MaxUndo: opts.maxRewinds, CRDOlder: c.crd != nil, RegistryBehind: behind != nil},
 		Exists: func(ctx context.Context, row registry.Record) (bool, error) {
 			return studentThere(ctx, c.students, row)
 		},
@@ -220,6 +223,9 @@ func printPlan(w io.Writer, r planReport) {
 		fmt.Fprint(w, " (the registry has no schema yet: the controller makes it when it first starts)")
 	}
 	fmt.Fprintln(w)
+	if r.MarkUnread != "" {
+		fmt.Fprintf(w, "Planned as on a registry in step with the cluster's mark, which was not compared: %s\n", r.MarkUnread)
+	}
 	if r.RegistryBehind != "" {
 		fmt.Fprintf(w, "The registry is behind: %s\n", r.RegistryBehind)
 	}

@@ -109,10 +109,9 @@ func (c *Controller) Plan(ctx context.Context) (Plan, error) {
 	if err != nil {
 		return Plan{}, err
 	}
-	return PlanFor(ctx, c.rows, PlanScope{
-		Owner: c.cfg.Owner, Scope: c.cfg.Scope, Exists: c.studentExists,
-		SweepMaxDeletions: c.cfg.SweepMaxDeletions, SweepMaxDeletionPercent: c.cfg.SweepMaxDeletionPercent,
+	return PlanFor(ctx, c.rows, PlanScope{Scope: c.cfg.Scope, Exists: c.studentExists, PlanPolicy: PlanPolicy{
+		Owner: c.cfg.Owner, SweepMaxDeletions: c.cfg.SweepMaxDeletions, SweepMaxDeletionPercent: c.cfg.SweepMaxDeletionPercent,
 		NoSweep: c.cfg.SweepInterval == 0, CRD: crd, CRDOlder: c.crd.Older() != nil, RegistryBehind: c.registryBehind() != nil,
 		MaxUndo: c.cfg.MaxRewinds,
-	}, students)
+	}}, students)
 }

@@ -234,7 +234,7 @@ func TestPlanObserved(t *testing.T) {
 	for _, s := range f.ctrl.students.list() {
 		students = append(students, s.student())
 	}
-	plan, err := PlanFor(f.ctx, f.registry, PlanScope{Owner: owner, SweepMaxDeletions: 10, SweepMaxDeletionPercent: 100}, students)
+	plan, err := PlanFor(f.ctx, f.registry, PlanScope{PlanPolicy: PlanPolicy{Owner: owner, SweepMaxDeletions: 10, SweepMaxDeletionPercent: 100}}, students)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,24 +74,13 @@ func changes(actions []PlannedAction) int {
 	return n
 }
 
-// PlanInput is what a plan compares.
-type PlanInput struct {
+// PlanPolicy is what a plan plans under: the controller's owner, bounds and facts.
+type PlanPolicy struct {
 	Owner string
-	// Students are the Students in scope, as the API server has them now.
-	Students []*studentv1.Student
-	// Rows are the rows Owner holds, in scope; Malformed the ones it cannot read.
-	Rows      []registry.Record
-	Malformed []registry.MalformedRow
-	// Others are the stored rows of in-scope Students that Owner does not hold, by UID.
-	Others map[string]registry.Record
-	// SweepMaxDeletions and SweepMaxDeletionPercent bound the sweep (Config).
+	// SweepMaxDeletions and SweepMaxDeletionPercent bound the sweep (Config); NoSweep: it
+	// is off (--sweep-interval=0), so orphan rows stay.
 	SweepMaxDeletions, SweepMaxDeletionPercent int
-	// NoSweep says the sweep is off (Config.SweepInterval 0): orphan rows stay.
-	NoSweep bool
-	// Released are the rows Owner released that nobody has taken since, in scope.
-	Released []registry.Record
-	// History is the last history row, by row uid, of rows missing or with a lost binding.
-	History map[string]registry.HistoryEntry
+	NoSweep                                    bool
 	// CRD is the served CRD's state (current when unset); CRDOlder: it lacks our fields.
 	CRD      decide.CRD
 	CRDOlder bool
@@ -99,6 +88,22 @@ type PlanInput struct {
 	RegistryBehind bool
 	// MaxUndo is the bound of rows undone (Config.MaxRewinds), 100 when unset.
 	MaxUndo int
+}
+
+// PlanInput is what a plan compares.
+type PlanInput struct {
+	PlanPolicy
+	// Students are the Students in scope, as the API server has them now.
+	Students []*studentv1.Student
+	// Rows are the rows Owner holds, in scope; Malformed the ones it cannot read.
+	Rows      []registry.Record
+	Malformed []registry.MalformedRow
+	// Others are the stored rows of in-scope Students that Owner does not hold, by UID.
+	Others map[string]registry.Record
+	// Released are the rows Owner released that nobody has taken since, in scope.
+	Released []registry.Record
+	// History is the last history row, by row uid, of rows missing or with a lost binding.
+	History map[string]registry.HistoryEntry
 }
 
 // ComputePlan is what the controller's syncs and sweep would do for in: a pure function.
@@ -256,17 +261,9 @@ func planAction(action string) string {
 
 // PlanScope says what a plan compares: whose rows, of which Students, the sweep's bound.
 type PlanScope struct {
-	Owner string
+	PlanPolicy
 	// Scope limits rows to its namespaces (--namespace); the Students given must be in it.
-	Scope                                      Scope
-	SweepMaxDeletions, SweepMaxDeletionPercent int
-	// NoSweep says the controller does not sweep (--sweep-interval=0).
-	NoSweep bool
-	// CRD, CRDOlder, RegistryBehind and MaxUndo are as in PlanInput.
-	CRD            decide.CRD
-	CRDOlder       bool
-	RegistryBehind bool
-	MaxUndo        int
+	Scope Scope
 	// Exists says whether a row's Student exists. With a label selector, an owned row whose
 	// Student is not given but exists (outside the selector) keeps its row, out of scope.
 	Exists func(ctx context.Context, row registry.Record) (bool, error)
@@ -275,9 +272,7 @@ type PlanScope struct {
 // PlanFor reads (never writes) what ComputePlan compares: the rows scope.Owner holds in
 // scope, and the stored row of each of students (in scope, current) it does not hold.
 func PlanFor(ctx context.Context, rows rowReader, scope PlanScope, students []*studentv1.Student) (Plan, error) {
-	in := PlanInput{Owner: scope.Owner, Students: students, Others: map[string]registry.Record{}, History: map[string]registry.HistoryEntry{},
-		SweepMaxDeletions: scope.SweepMaxDeletions, SweepMaxDeletionPercent: scope.SweepMaxDeletionPercent, NoSweep: scope.NoSweep,
-		CRD: scope.CRD, CRDOlder: scope.CRDOlder, RegistryBehind: scope.RegistryBehind, MaxUndo: scope.MaxUndo}
+	in := PlanInput{PlanPolicy: scope.PlanPolicy, Students: students, Others: map[string]registry.Record{}, History: map[string]registry.HistoryEntry{}}
 	owned, malformed, err := rows.List(ctx, scope.Owner)
 	if err != nil {
 		return Plan{}, err

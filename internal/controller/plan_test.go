@@ -57,7 +57,7 @@ func TestPlanIsWhatTheControllerDoes(t *testing.T) {
 	for _, s := range f.ctrl.students.list() {
 		students = append(students, s.student())
 	}
-	scope := PlanScope{Owner: owner, SweepMaxDeletions: 2, SweepMaxDeletionPercent: 50}
+	scope := PlanScope{PlanPolicy: PlanPolicy{Owner: owner, SweepMaxDeletions: 2, SweepMaxDeletionPercent: 50}}
 	plan, err := PlanFor(f.ctx, f.registry, scope, students)
 	if err != nil {
 		t.Fatal(err)
@@ -181,13 +181,13 @@ func TestComputePlan(t *testing.T) {
 			wantActions: []string{"add-finalizer a: before the row is written", "create a: new-student"},
 		},
 		"with the sweep off an orphan row stays": {
-			in:          PlanInput{Rows: []registry.Record{recordOf(owner, newStudent("x"))}, NoSweep: true},
+			in:          PlanInput{Rows: []registry.Record{recordOf(owner, newStudent("x"))}, PlanPolicy: PlanPolicy{NoSweep: true}},
 			wantActions: []string{"refuse x: the sweep is off (--sweep-interval=0): the row stays"},
 		},
 		"the sweep's guard refuses more orphans than its bound": {
 			in: PlanInput{Students: []*studentv1.Student{newStudent("a", withFinalizer)},
-				Rows:              []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
-				SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50},
+				Rows:       []registry.Record{recordOf(owner, newStudent("a")), recordOf(owner, newStudent("x")), recordOf(owner, newStudent("y"))},
+				PlanPolicy: PlanPolicy{SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50}},
 			wantActions: []string{
 				"refuse x: the sweep's guard: 2 owned rows without a Student, more than it lets go at once (1)",
 				"refuse y: the sweep's guard: 2 owned rows without a Student, more than it lets go at once (1)",
@@ -325,7 +325,7 @@ func TestPlanWithSelector(t *testing.T) {
 // controller does: with a bound of one, of two rows ahead of their Students one is
 // rewound and the other refused.
 func TestPlanUndoBound(t *testing.T) {
-	in := PlanInput{Owner: owner, MaxUndo: 1, SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50}
+	in := PlanInput{PlanPolicy: PlanPolicy{Owner: owner, MaxUndo: 1, SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50}}
 	for _, name := range []string{"a", "b"} {
 		s := newStudent(name, withFinalizer, synced(start))
 		r := recordOf(owner, s)
@@ -351,7 +351,7 @@ func TestPlanUndoBound(t *testing.T) {
 func TestPlanRowNotBound(t *testing.T) {
 	row := recordOf(owner, newStudent("a"))
 	row.UID, row.StudentUID = "ext-1", "uid-a"
-	in := PlanInput{Owner: owner, SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50, Rows: []registry.Record{row},
+	in := PlanInput{PlanPolicy: PlanPolicy{Owner: owner, SweepMaxDeletions: 100, SweepMaxDeletionPercent: 50}, Rows: []registry.Record{row},
 		Students: []*studentv1.Student{newStudent("a", withFinalizer, synced(start), namingRow("ext-1")), newStudent("copy", namingRow("ext-1"))}}
 	var got []string
 	for _, a := range ComputePlan(in).Actions {

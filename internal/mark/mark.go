@@ -287,7 +287,7 @@ func confirmCommand(namespace, name string, seen int64) string {
 	return fmt.Sprintf("kubectl -n %s annotate configmap %s %s=%d", namespace, name, AnnotationBehindConfirmed, seen)
 }
 
-// Behind checks the cluster's mark for prune and adopt: nil when the registry is not
+// Behind checks the cluster's mark for prune, adopt and plan: nil when the registry is not
 // behind it or an operator confirmed, else an error. If required (prune), no mark is an
 // error too: prune deletes nothing unless the registry is known current. Adopt goes on
 // without one (a rebuilt cluster adopts before its controller runs); see find.
