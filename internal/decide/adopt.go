@@ -116,7 +116,7 @@ func adoptRow(row registry.Record, in AdoptScope) Adoption {
 	if _, adoptable, why := WithoutStudent(row, in.Owner); !adoptable {
 		return Adoption{Step: AdoptRefuse, Cause: why}
 	}
-	if why := adoptable(row, in); why != "" {
+	if why := adoptable(row, s, here, in); why != "" {
 		return Adoption{Step: AdoptRefuse, Cause: why}
 	}
 	d := Adoption{Step: AdoptMake, Cause: "released", Observe: row.Owner == in.Owner && row.Management != registry.ManagementObserve,
@@ -135,12 +135,12 @@ func adoptRow(row registry.Record, in AdoptScope) Adoption {
 	return d
 }
 
-// adoptable says why a row with no Student here cannot be made one ("" if it can).
-func adoptable(row registry.Record, in AdoptScope) string {
-	key := row.Namespace + "/" + row.Name
-	if s, ok := in.Students[key]; ok && (s.AdoptedFrom != row.UID || s.RowUID != row.UID) {
-		return fmt.Sprintf("a Student %s of another uid (%s) is there", key, s.UID)
-	} else if ok {
+// adoptable says why a row cannot be made a Student, or bound to the one adopt made.
+func adoptable(row registry.Record, s ClusterStudent, here bool, in AdoptScope) string {
+	switch {
+	case here && (s.AdoptedFrom != row.UID || s.RowUID != row.UID):
+		return fmt.Sprintf("a Student %s/%s of another uid (%s) is there", row.Namespace, row.Name, s.UID)
+	case here:
 		return ""
 	}
 	if errs := validation.IsDNS1123Label(row.Namespace); len(errs) > 0 {
