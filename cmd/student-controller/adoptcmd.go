@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,10 +41,8 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, migrate bool,
 		return 1, errors.New("--selector: adopt makes Students of rows, which have no labels; choose rows with --namespace or --school")
 	}
 	c, err := commandClients(ctx, opts)
-	if err == nil {
-		err = c.crd // on a CRD without spec.management a Student would lose Observe and its row be written
-	}
-	if err != nil {
+	// On a CRD without spec.management a Student would lose Observe, its row be written.
+	if err = cmp.Or(err, c.crd); err != nil {
 		return 1, err
 	}
 	reg, release, err := openRegistry(ctx, opts, !opts.dryRun, migrate)
@@ -72,9 +71,10 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, migrate bool,
 	if err != nil {
 		return 1, err
 	}
+	byUID := map[string]registry.Record{}
 	for _, r := range rows {
 		if opts.scope.Contains(r.Namespace) && (ao.school == "" || r.School == ao.school) {
-			in.Rows = append(in.Rows, r)
+			in.Rows, byUID[r.UID] = append(in.Rows, r), r
 		}
 	}
 	all, err := listStudents(ctx, c.students, controller.Scope{})
@@ -108,10 +108,6 @@ func adoptRows(ctx context.Context, opts options, ao adoptOptions, migrate bool,
 		return twoIf(plan.Changes() > 0 || refused > 0), nil
 	}
 
-	byUID := make(map[string]registry.Record, len(in.Rows))
-	for _, r := range in.Rows {
-		byUID[r.UID] = r
-	}
 	a := adopter{reg: reg, kube: c.kube, students: c.students, owner: opts.owner}
 	done, total, last := 0, plan.Changes(), time.Now()
 	for _, act := range plan.Actions {

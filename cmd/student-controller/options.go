@@ -187,9 +187,8 @@ func (o *options) recordSet(fs *flag.FlagSet) {
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 }
 
-// The resync's default period, sweep on and off. The sweep finds drift with one List; a
-// resync syncs every cached Student and reads its row. So with the sweep on the resync is
-// a rare backstop (a status edited by hand); off, it finds drift.
+// The resync's default period, sweep on and off. A resync reads every cached Student's
+// row, a sweep one List: with the sweep on the resync is a backstop; off, it finds drift.
 const (
 	resyncPeriod       = 10 * time.Hour
 	resyncWithoutSweep = 10 * time.Minute
@@ -207,20 +206,18 @@ func (o *options) validate() error {
 	if o.sweepInterval == 0 && !o.set["resync-period"] {
 		o.resyncPeriod = resyncWithoutSweep
 	}
-	var errs []error
-	var err error
-	if o.scope, err = controller.ParseScope(o.namespace, o.selector); err != nil {
-		errs = append(errs, fmt.Errorf("--namespace or --selector: %w", err))
-	}
-	if err := o.parseRegistry(); err != nil {
-		errs = append(errs, err)
-	}
+	var scopeErr error
+	o.scope, scopeErr = controller.ParseScope(o.namespace, o.selector)
+	registryErr := o.parseRegistry()
 	invalid := tracingv1.ValidateTracingConfiguration(o.tracingConfig(), nil, field.NewPath("tracing"))
 	sqlite := o.registry.SQLite()
+	var errs []error
 	for _, c := range []struct {
 		bad bool
 		err error
 	}{
+		{scopeErr != nil, fmt.Errorf("--namespace or --selector: %w", scopeErr)},
+		{registryErr != nil, registryErr},
 		{o.tracingEndpoint != "" && len(invalid) > 0, fmt.Errorf("--tracing-endpoint: %w", invalid.ToAggregate())},
 		{o.workers < 1, fmt.Errorf("--workers must be at least 1, got %d", o.workers)},
 		{o.qps <= 0 || o.burst < 1, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", o.qps, o.burst)},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,13 +62,12 @@ func planCommand(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fs.Usage()
 		return 1
 	}
-	if err := opts.validate(); err != nil {
-		fmt.Fprintf(stderr, "student-controller plan: %v\n", err)
-		return 1
-	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	report, err := makePlan(ctx, opts)
+	report, err := planReport{}, opts.validate()
+	if err == nil {
+		report, err = makePlan(ctx, opts)
+	}
 	if err == nil && *output == "json" {
 		err = writeJSON(stdout, &report.Actions, &report)
 	} else if err == nil {
@@ -90,8 +90,7 @@ func writeJSON(w io.Writer, actions *[]controller.PlannedAction, v any) error {
 	return enc.Encode(v)
 }
 
-// twoIf is plan's and adopt's exit code: 2 when cond (something would change or was left
-// alone), else 0.
+// twoIf is plan's and adopt's exit code: 2 when cond (a change, rows left alone), else 0.
 func twoIf(cond bool) int {
 	if cond {
 		return 2
@@ -114,11 +113,8 @@ type planReport struct {
 func makePlan(ctx context.Context, opts options) (planReport, error) {
 	report := planReport{Owner: opts.owner, Scope: opts.scope.String()}
 	c, err := commandClients(ctx, opts)
-	var tooOld *controller.CRDTooOldError
-	if err == nil && c.crd != nil && !errors.As(c.crd, &tooOld) {
-		err = c.crd
-	}
-	if err != nil {
+	var tooOld *controller.CRDTooOldError // planned for (CRDOlder); other errors fail
+	if err = cmp.Or(err, c.crd); err != nil && !errors.As(err, &tooOld) {
 		return report, err
 	}
 	var rows readOnlyRegistry
@@ -149,15 +145,11 @@ func makePlan(ctx context.Context, opts options) (planReport, error) {
 	report.Plan, err = controller.PlanFor(ctx, rows, controller.PlanScope{Scope: opts.scope, PlanPolicy: controller.PlanPolicy{
 		Owner: opts.owner, SweepMaxDeletions: opts.sweepMaxDeletions, SweepMaxDeletionPercent: opts.sweepMaxDeletionPercent,
 		NoSweep: opts.sweepInterval == 0, MaxUndo: opts.maxRewinds, CRDOlder: c.crd != nil, RegistryBehind: behind != nil},
-		Exists: func(ctx context.Context, row registry.Record) (bool, error) {
-			return studentThere(ctx, c.students, row)
-		},
-	}, all)
+		Exists: c.studentThere}, all)
 	return report, err
 }
 
-// clusterClients are a subcommand's clients of the cluster, its identity, and CheckCRD's
-// word on the Student CRD.
+// clusterClients are a subcommand's clients of the cluster, its id and CheckCRD's word.
 type clusterClients struct {
 	kube     kubernetes.Interface
 	students versioned.Interface
@@ -201,7 +193,7 @@ func listStudents(ctx context.Context, client versioned.Interface, scope control
 	var all []*studentv1.Student
 	for _, ns := range namespaces {
 		list.Continue = ""
-		for {
+		for more := true; more; more = list.Continue != "" {
 			page, err := client.BolingcavalryV1().Students(ns).List(ctx, list)
 			if err != nil {
 				return nil, fmt.Errorf("list Students: %w", err)
@@ -209,9 +201,7 @@ func listStudents(ctx context.Context, client versioned.Interface, scope control
 			for i := range page.Items {
 				all = append(all, &page.Items[i])
 			}
-			if list.Continue = page.Continue; list.Continue == "" {
-				break
-			}
+			list.Continue = page.Continue
 		}
 	}
 	return all, nil

@@ -12,7 +12,6 @@ import (
 	"github.com/student-controller/student-controller/internal/controller"
 	"github.com/student-controller/student-controller/internal/mark"
 	"github.com/student-controller/student-controller/internal/registry"
-	"github.com/student-controller/student-controller/pkg/generated/clientset/versioned"
 )
 
 // pruneOptions are prune's own flags.
@@ -51,7 +50,7 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, migrate bool,
 		if !registry.Prunable(r, opts.owner) || !opts.scope.Contains(r.Namespace) {
 			continue
 		}
-		if there, err := studentThere(ctx, c.students, r); err != nil {
+		if there, err := c.studentThere(ctx, r); err != nil {
 			return 1, err
 		} else if there {
 			live = append(live, r)
@@ -85,11 +84,9 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, migrate bool,
 	}
 	done := 0
 	for _, r := range prune {
-		ok, err := reg.Prune(ctx, r.UID, opts.owner)
-		if err != nil {
+		if ok, err := reg.Prune(ctx, r.UID, opts.owner); err != nil {
 			return 1, fmt.Errorf("%d of %d pruned; %s/%s (row %s): %w", done, len(prune), r.Namespace, r.Name, r.UID, err)
-		}
-		if ok {
+		} else if ok {
 			done++
 		}
 	}
@@ -98,8 +95,8 @@ func pruneRows(ctx context.Context, opts options, po pruneOptions, migrate bool,
 }
 
 // studentThere asks the API server whether row's Student (namespace, name, uid) exists.
-func studentThere(ctx context.Context, client versioned.Interface, row registry.Record) (bool, error) {
-	s, err := client.BolingcavalryV1().Students(row.Namespace).Get(ctx, row.Name, metav1.GetOptions{})
+func (c clusterClients) studentThere(ctx context.Context, row registry.Record) (bool, error) {
+	s, err := c.students.BolingcavalryV1().Students(row.Namespace).Get(ctx, row.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return false, nil

@@ -76,42 +76,36 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	err := opts.parseRegistry()
+	code, err := -1, opts.parseRegistry() // -1 until a subcommand runs: print the usage
 	switch {
-	case err != nil:
-	case fs.NArg() > 0 || (args[0] != "backup" && opts.owner == ""):
-		fmt.Fprint(stderr, registryUsage)
-		return 2
+	case err != nil, fs.NArg() > 0 || (args[0] != "backup" && opts.owner == ""):
 	case args[0] == "backup" && rf.to != "" && !rf.migrate:
-		err = backup(ctx, opts, rf.to, stdout)
+		code, err = 0, backup(ctx, opts, rf.to, stdout)
 	case args[0] == "move-cluster" && rf.from != "":
-		err = moveCluster(ctx, opts, rf.from, rf.migrate, stdout)
+		code, err = 0, moveCluster(ctx, opts, rf.from, rf.migrate, stdout)
 	case args[0] == "rename-owner" && rf.to != "":
-		err = renameOwner(ctx, opts, rf.to, rf.migrate, stdout)
+		code, err = 0, renameOwner(ctx, opts, rf.to, rf.migrate, stdout)
 	case args[0] == "adopt" && (rf.adopt.output == "table" || rf.adopt.output == "json"), args[0] == "prune":
 		if opts.scope, err = controller.ParseScope(opts.namespace, ""); err != nil {
 			break
 		}
 		ctx, cancel := context.WithTimeout(ctx, time.Hour)
 		defer cancel()
-		var code int
 		if args[0] == "adopt" {
 			code, err = adoptRows(ctx, opts, rf.adopt, rf.migrate, stdout, stderr)
 		} else {
 			code, err = pruneRows(ctx, opts, rf.prune, rf.migrate, stdout)
 		}
-		if err == nil {
-			return code
-		}
-	default:
+	}
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "student-controller registry %s: %v\n", args[0], err)
+		return 1
+	case code < 0:
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "student-controller registry %s: %v\n", args[0], err)
-		return 1
-	}
-	return 0
+	return code
 }
 
 func renameOwner(ctx context.Context, opts options, to string, migrate bool, stdout io.Writer) error {
@@ -167,16 +161,7 @@ func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Regi
 	if err != nil {
 		return nil, nil, err
 	}
-	fail := func(err error) (*registry.Registry, func(), error) {
-		return nil, nil, errors.Join(err, reg.Close())
-	}
-	// A schema older than the fence's lease has no holder to refuse: migrate first.
-	lease, err := reg.FenceIsLease(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	release := func() {}
-	changed := "Nothing was changed"
+	release, changed := func() {}, "Nothing was changed"
 	fence := func() error {
 		var err error
 		if release, err = reg.Fence(ctx, opts.owner); err != nil {
@@ -187,19 +172,21 @@ func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Regi
 		}
 		return err
 	}
-	if lease {
-		if err := fence(); err != nil {
-			return fail(err)
+	// A schema older than the fence's lease has no holder to refuse: migrate first.
+	lease, err := reg.FenceIsLease(ctx)
+	if err == nil && lease {
+		err = fence()
+	}
+	if err == nil {
+		if migrate {
+			err = reg.Migrate(ctx)
+		} else {
+			err = reg.UseSchema(ctx)
 		}
-	}
-	if migrate {
-		err = reg.Migrate(ctx)
-	} else {
-		err = reg.UseSchema(ctx)
-	}
-	if errors.Is(err, registry.ErrSchemaOlder) || errors.Is(err, registry.ErrNoSchema) {
-		err = fmt.Errorf("%w. Nothing was changed. Run it again with --migrate to migrate the schema first; "+
-			"controllers of the older version refuse the registry afterwards, so stop them first", err)
+		if errors.Is(err, registry.ErrSchemaOlder) || errors.Is(err, registry.ErrNoSchema) {
+			err = fmt.Errorf("%w. Nothing was changed. Run it again with --migrate to migrate the schema first; "+
+				"controllers of the older version refuse the registry afterwards, so stop them first", err)
+		}
 	}
 	if err == nil && !lease {
 		if migrate {
@@ -209,13 +196,12 @@ func openFenced(ctx context.Context, opts options, migrate bool) (*registry.Regi
 	}
 	if err != nil {
 		release()
-		return fail(err)
+		return nil, nil, errors.Join(err, reg.Close())
 	}
 	return reg, release, nil
 }
 
-// openRegistry opens the registry as openFenced does to write, else read-only, with a
-// release that does nothing.
+// openRegistry opens the registry as openFenced to write, else read-only (no-op release).
 func openRegistry(ctx context.Context, opts options, write, migrate bool) (*registry.Registry, func(), error) {
 	if write {
 		return openFenced(ctx, opts, migrate)

@@ -47,8 +47,7 @@ func run(ctx context.Context, opts options) error {
 	defer servers.Wait()
 	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
-	// Probes first: while the registry is out of reach the Pod is alive and not ready, not
-	// crash-looping.
+	// Probes first: with the registry out of reach the Pod is unready, not crash-looping.
 	var watchdog *leaderelection.HealthzAdaptor
 	if opts.leaderElect && !opts.dryRun {
 		watchdog = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
@@ -87,8 +86,7 @@ func run(ctx context.Context, opts options) error {
 		return err
 	}
 
-	// The informers stop whenever run returns, a lost Lease included; Shutdown, deferred
-	// above so run after, waits for them.
+	// The informers stop when run returns, a lost Lease too; the deferred Shutdown waits.
 	informersCtx, stopInformers := context.WithCancel(ctx)
 	defer stopInformers()
 	wiring.Start(informersCtx)
@@ -235,11 +233,9 @@ func (w *writer) work(ctx context.Context) error {
 		w.metrics.ObserveFence(false, true)
 	})
 	w.probes.fenceHolder.Store(nil)
-	if !ok {
-		w.metrics.ObserveFence(false, false)
+	if w.metrics.ObserveFence(ok, false); !ok {
 		return err
 	}
-	w.metrics.ObserveFence(true, false)
 	workCtx, stopWork := context.WithCancel(ctx)
 	defer stopWork()
 	fenceCtx, stopFence := context.WithCancel(context.WithoutCancel(ctx))
@@ -298,8 +294,7 @@ const crdRetry = 10 * time.Second
 // waitForCRD waits until the served CRD has every field the controller needs (false if ctx
 // ends); problem says why not.
 func waitForCRD(ctx context.Context, client dynamic.Interface, problem *atomic.Pointer[string]) bool {
-	logger := klog.FromContext(ctx)
-	said := ""
+	logger, said := klog.FromContext(ctx), ""
 	for {
 		checkCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := controller.CheckCRD(checkCtx, client)

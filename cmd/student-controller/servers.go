@@ -58,8 +58,7 @@ func serveMetrics(ctx context.Context, wg *sync.WaitGroup, opts options, cfg *re
 	return nil
 }
 
-// listenAndServe serves h at addr until ctx is done, unless addr is 0. It binds now, so a
-// taken port fails the start.
+// listenAndServe serves h at addr (not 0) until ctx ends, bound now: a taken port fails.
 func listenAndServe(ctx context.Context, wg *sync.WaitGroup, addr string, h http.Handler, what string) error {
 	if addr == "0" {
 		return nil

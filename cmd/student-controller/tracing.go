@@ -14,9 +14,8 @@ import (
 	"github.com/student-controller/student-controller/internal/controller"
 )
 
-// startTracing returns the tracer provider for --tracing-endpoint (nil when off) and a
-// function that flushes and stops it. Like kube-apiserver it exports OTLP over gRPC
-// without TLS, to a collector beside it.
+// startTracing returns --tracing-endpoint's tracer provider (nil when off) and its
+// flushing stop. Like kube-apiserver's: OTLP over gRPC, no TLS, to a collector beside it.
 func startTracing(ctx context.Context, opts options) (trace.TracerProvider, func(), error) {
 	if opts.tracingEndpoint == "" {
 		return nil, func() {}, nil

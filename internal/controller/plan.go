@@ -182,7 +182,7 @@ func planned(s *studentv1.Student, d decide.Decision) []PlannedAction {
 		case decide.AddFinalizer:
 			add(PlanAddFinalizer, "before the row is written")
 		case decide.Insert, decide.Upsert:
-			add(planAction(a.Why.Action), a.Why.Cause)
+			add(cmp.Or(planActions[a.Why.Action], PlanUpdate), a.Why.Cause)
 		case decide.Rewind:
 			add(PlanUpdate, registry.CauseRegistryAhead)
 		case decide.TakeBack:
@@ -249,15 +249,8 @@ func (plan *Plan) sweep(in PlanInput, seen map[string]bool) {
 	}
 }
 
-func planAction(action string) string {
-	switch action {
-	case rowCreated:
-		return PlanCreate
-	case rowRestored:
-		return PlanRestore
-	}
-	return PlanUpdate
-}
+// planActions name a row write's action in a plan; any other is an update.
+var planActions = map[string]string{rowCreated: PlanCreate, rowRestored: PlanRestore}
 
 // PlanScope says what a plan compares: whose rows, of which Students, the sweep's bound.
 type PlanScope struct {

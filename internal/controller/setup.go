@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -34,7 +35,7 @@ type Wiring struct {
 	informers   *Informers
 	broadcaster record.EventBroadcaster
 	crd         *crdWatch
-	crdDone     chan struct{}
+	crdRunning  sync.WaitGroup
 }
 
 // WiringOptions say what the Controller watches, on top of its Config.
@@ -109,19 +110,13 @@ func crdDeleting(client metadata.Interface) func(context.Context) (bool, error) 
 // Start starts the informers, on every replica, so a standby takes over with a warm cache.
 func (w *Wiring) Start(ctx context.Context) {
 	w.informers.Start(ctx.Done())
-	w.crdDone = make(chan struct{})
-	go func() {
-		defer close(w.crdDone)
-		w.crd.informer.RunWithContext(ctx)
-	}()
+	w.crdRunning.Go(func() { w.crd.informer.RunWithContext(ctx) })
 }
 
 // Shutdown waits for the informers (after Start's ctx is done) and stops the recorder.
 func (w *Wiring) Shutdown() {
 	w.informers.Shutdown()
-	if w.crdDone != nil {
-		<-w.crdDone
-	}
+	w.crdRunning.Wait()
 	w.broadcaster.Shutdown()
 }
 
