@@ -16,21 +16,25 @@
 #    row of a Student with deletionPolicy Delete and releases (keeps, no longer owned)
 #    each row of one with Orphan, then lets the Student go. Set deletionPolicy: Orphan
 #    first on the Students whose rows you want kept.
-# 2. The CRD stays: deleting it deletes every Student of every installation, and any
-#    controller still running would then delete their Delete rows. Delete it by hand
-#    (kubectl delete crd students.bolingcavalry.k8s.io) only once no Student is left
-#    and no controller runs anywhere in the cluster.
+# 2. The CRD stays: deleting it deletes every Student of every installation. A
+#    controller still running then releases their rows (kept, no longer owned; the
+#    Delete ones with cause crd-deleted, which `student-controller registry prune`
+#    deletes when asked); with none running, the Students stay Terminating. Delete it
+#    by hand (kubectl delete crd students.bolingcavalry.k8s.io) only once no Student
+#    is left and no controller runs anywhere in the cluster.
 # 3. The controller and the rest are deleted, but for the registry: the SQLite file's
 #    PersistentVolumeClaim stays, with the rows it keeps; delete it yourself once they
 #    are no longer wanted. With kustomize the claim and its namespace are config/registry,
 #    which config/default does not hold (and were DIR to hold a claim or a namespace,
 #    this leaves them too); `kubectl delete -k config/registry` deletes them. The
-#    chart's claim is kept by Helm: helm.sh/resource-policy: keep.
+#    chart's claim is kept by Helm: helm.sh/resource-policy: keep. What the controller
+#    made as it ran stays too: its Lease (with leader election) and the registry's mark
+#    in the ConfigMap LEASE-registry-mark (docs/uninstall.md says when to delete them).
 #
 # Deleting everything at once (kubectl delete -k) can remove the controller before its
 # Students: each keeps its finalizer, Terminating, and so do the CRD and the namespaces
 # that hold them. Step 1 fails after UNINSTALL_TIMEOUT (5m, per namespace of the scope)
-# if the controller is not running; docs/uninstall.md, says how to finish then.
+# if the controller is not running; docs/uninstall.md says how to finish then.
 set -o errexit -o nounset -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
