@@ -138,6 +138,10 @@ func adoptRow(row registry.Record, in AdoptScope) Adoption {
 // adoptable says why a row cannot be made a Student, or bound to the one adopt made.
 func adoptable(row registry.Record, s ClusterStudent, here bool, in AdoptScope) string {
 	switch {
+	case here && s.AdoptedFrom == row.UID && s.RowUID != row.UID:
+		// Made of this row by a run cut short of a version that did not annotate it.
+		return fmt.Sprintf("Student %s/%s was made of this row by a run cut short, and does not name it: "+
+			"annotate it %s=%s, then run adopt again", row.Namespace, row.Name, studentv1.AnnotationRowUID, row.UID)
 	case here && (s.AdoptedFrom != row.UID || s.RowUID != row.UID):
 		return fmt.Sprintf("a Student %s/%s of another uid (%s) is there", row.Namespace, row.Name, s.UID)
 	case here:

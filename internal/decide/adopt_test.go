@@ -2,6 +2,7 @@ package decide
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,6 +150,25 @@ func checkAdopt(t *testing.T, w adoptWorld, create bool, cut int) {
 	}
 	if d.Step != AdoptNothing && d.Step != AdoptRefuse {
 		t.Errorf("%s: not settled after three runs: step %d", start, d.Step)
+	}
+	_, adoptable, _ := WithoutStudent(w.row, me)
+	if d.Step == AdoptRefuse && adoptable && w.student != nil && w.student.AdoptedFrom == w.row.UID && w.student.RowUID != w.row.UID {
+		// A Student adopt made of the row, which does not name it: the cause gives the
+		// one command that lets the next run finish it.
+		remedy := studentv1.AnnotationRowUID + "=" + w.row.UID
+		if !strings.Contains(d.Cause, remedy) {
+			t.Errorf("%s: refused without the remedy (annotate %s): %s", start, remedy, d.Cause)
+		}
+		w.student.RowUID = w.row.UID
+		for range 3 {
+			if d = w.decide(create); d.Step == AdoptNothing || d.Step == AdoptRefuse {
+				break
+			}
+			w.step(d, -1)
+		}
+		if d.Step != AdoptNothing || w.student.Paused {
+			t.Errorf("%s: not settled after the remedy: step %d (%s), Student %+v", start, d.Step, d.Cause, w.student)
+		}
 	}
 }
 
