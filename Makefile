@@ -97,41 +97,50 @@ image: ## Build the controller's image as an OCI layout in bin/image/oci, no Doc
 		-version $(VERSION) -revision "$(REVISION)" $(if $(IMAGE_PUSH),-push $(IMAGE_PUSH))
 
 DIST ?= dist
-CYCLONEDX_GOMOD ?= github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
+# The CLI's platforms; the image takes the two linux ones.
+RELEASE_PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
 RELEASE_BUILD = $(abspath $(DIST))/build
 # REGISTRY=host/path: where a release is published. make release names the image
 # there in the packaged chart; make publish pushes there.
 REGISTRY ?=
+# The two targets check what they are given (hack/release-check.sh) from the
+# environment, before a recipe's text holds any of it.
+release publish: export RELEASE_REGISTRY = $(REGISTRY)
+release publish: export RELEASE_VERSION = $(VERSION)
+release publish: export RELEASE_DIST = $(DIST)
 
 .PHONY: release
-release: helm ## Write what a release of VERSION to REGISTRY=host/path publishes into dist/: the image for linux/amd64 and linux/arm64 as one OCI index (a layout tarball; two runs give one digest), the packaged chart (REGISTRY's image of this version, IfNotPresent), an SBOM of each binary (CycloneDX) and SHA256SUMS.
-	@case "$(DIST)" in ""|/*|*..*) echo "make release: DIST=$(DIST): a folder inside the repository, please" >&2; exit 2;; esac
-	@case "$(REGISTRY)" in ""|*/|*:|*://*|*[\ \|\&\'\"]*) echo "make release: REGISTRY=$(REGISTRY): say where the release will be published, REGISTRY=host/path (the packaged chart names its image there)" >&2; exit 2;; esac
+release: ## Write what a release of VERSION to REGISTRY=host/path publishes into dist/, from a clean tree: the student-controller CLI for linux and darwin (amd64, arm64), the image for linux/amd64 and linux/arm64 as one OCI index (a layout tarball; two runs give one digest), the packaged chart (REGISTRY's image of this version by its digest, IfNotPresent), an SBOM of each binary (CycloneDX) and SHA256SUMS.
+	@hack/release-check.sh release
+	@hack/install-tools.sh helm cyclonedx-gomod
 	@rm -rf $(DIST) && mkdir -p $(RELEASE_BUILD)
-	@for arch in amd64 arm64; do \
-		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -buildvcs=false -trimpath -tags $(GO_TAGS) -ldflags "-s -w -buildid= -X main.version=$(VERSION)" \
-			-o $(RELEASE_BUILD)/student-controller-linux-$$arch ./cmd/student-controller || exit 1; \
+	@# The binaries name this version and commit (student-controller --version).
+	@for platform in $(RELEASE_PLATFORMS); do \
+		CGO_ENABLED=0 GOOS=$${platform%/*} GOARCH=$${platform#*/} go build -buildvcs=false -trimpath -tags $(GO_TAGS) \
+			-ldflags "-s -w -buildid= -X main.version=$(VERSION) -X main.commit=$(REVISION)" \
+			-o $(DIST)/student-controller-$(VERSION)-$${platform%/*}-$${platform#*/} ./cmd/student-controller || exit 1; \
 	done
 	@cd hack/tools/image && go run -trimpath . -out $(RELEASE_BUILD)/oci -version $(VERSION) -revision "$(REVISION)" \
-		-binaries amd64=$(RELEASE_BUILD)/student-controller-linux-amd64,arm64=$(RELEASE_BUILD)/student-controller-linux-arm64 >$(RELEASE_BUILD)/digest
+		-binaries amd64=$(abspath $(DIST))/student-controller-$(VERSION)-linux-amd64,arm64=$(abspath $(DIST))/student-controller-$(VERSION)-linux-arm64 >$(RELEASE_BUILD)/digest
 	@# Byte for byte the same on any builder: names sorted, times, owners and modes fixed.
 	@tar --format=gnu --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=go-w,a+rX \
 		-C $(RELEASE_BUILD)/oci -cf $(DIST)/student-controller-$(VERSION).oci.tar .
-	@# The packaged chart runs this version's image from REGISTRY by its tag, pulled once.
+	@# The packaged chart runs this version's image from REGISTRY by its digest, the tag
+	@# beside it for people to read, pulled once.
 	@cp -r charts/student-controller $(RELEASE_BUILD)/student-controller
 	@sed -i -e 's/^  pullPolicy: Always$$/  pullPolicy: IfNotPresent/' \
-		-e 's/^  # Always: a restarted Pod checks its pull secret and tag with the registry.$$/  # IfNotPresent: a release tag names one image, pulled once./' \
+		-e 's/^  # Always: a restarted Pod checks its pull secret and tag with the registry.$$/  # IfNotPresent: a release names one image, pulled once./' \
 		-e 's|^  repository: student-controller$$|  repository: $(REGISTRY)/student-controller|' \
+		-e "s|^  digest: \"\"$$|  digest: $$(cat $(RELEASE_BUILD)/digest)|" \
 		$(RELEASE_BUILD)/student-controller/values.yaml
 	@grep -q '^  pullPolicy: IfNotPresent$$' $(RELEASE_BUILD)/student-controller/values.yaml
 	@grep -qxF -- '  repository: $(REGISTRY)/student-controller' $(RELEASE_BUILD)/student-controller/values.yaml
+	@grep -qxF -- "  digest: $$(cat $(RELEASE_BUILD)/digest)" $(RELEASE_BUILD)/student-controller/values.yaml
 	@bin/tools/helm package $(RELEASE_BUILD)/student-controller --version $(VERSION) --app-version $(VERSION) -d $(DIST) >/dev/null
-	@# One SBOM per binary, of the modules its build links (its platform and tags); the
-	@# tool itself is built for this machine.
-	@GOBIN=$(RELEASE_BUILD) go install $(CYCLONEDX_GOMOD)
-	@for arch in amd64 arm64; do \
-		GOOS=linux GOARCH=$$arch GOFLAGS=-tags=$(GO_TAGS) $(RELEASE_BUILD)/cyclonedx-gomod app -json -noserial \
-			-output $(DIST)/student-controller-$(VERSION)-linux-$$arch.sbom.cdx.json -main cmd/student-controller . || exit 1; \
+	@# One SBOM per binary, of the modules its build links (its platform and tags).
+	@for platform in $(RELEASE_PLATFORMS); do \
+		GOOS=$${platform%/*} GOARCH=$${platform#*/} GOFLAGS=-tags=$(GO_TAGS) bin/tools/cyclonedx-gomod app -json -noserial \
+			-output $(DIST)/student-controller-$(VERSION)-$${platform%/*}-$${platform#*/}.sbom.cdx.json -main cmd/student-controller . || exit 1; \
 	done
 	@echo "image index $$(cat $(RELEASE_BUILD)/digest) (linux/amd64, linux/arm64)"
 	@rm -rf $(RELEASE_BUILD)
@@ -141,15 +150,19 @@ release: helm ## Write what a release of VERSION to REGISTRY=host/path publishes
 PUBLISH_HELM_FLAGS ?=
 
 .PHONY: publish
-publish: helm ## Push what make release wrote to an OCI registry: the image index as REGISTRY/student-controller:VERSION and the chart as oci://REGISTRY/charts/student-controller. REGISTRY=host/path.
-	@test -n "$(REGISTRY)" || { echo "make publish: say where, REGISTRY=host/path" >&2; exit 2; }
+publish: ## Push what make release wrote to an OCI registry: the image index as REGISTRY/student-controller:VERSION and the chart as oci://REGISTRY/charts/student-controller; never over a published version. REGISTRY=host/path.
+	@hack/release-check.sh publish
+	@hack/install-tools.sh helm
 	@# Only a finished release, as its sums say: never an image without its chart.
 	@test -f $(DIST)/SHA256SUMS -a -f $(DIST)/student-controller-$(VERSION).tgz || { echo "make publish: no finished release of $(VERSION) in $(DIST); run make release first" >&2; exit 2; }
 	@cd $(DIST) && sha256sum --check --quiet SHA256SUMS
 	@tar -xOf $(DIST)/student-controller-$(VERSION).tgz student-controller/values.yaml | grep -qxF -- '  repository: $(REGISTRY)/student-controller' || \
 		{ echo "make publish: the release in $(DIST) names its image elsewhere ($$(tar -xOf $(DIST)/student-controller-$(VERSION).tgz student-controller/values.yaml | grep -m1 '^  repository:')); run make release REGISTRY=$(REGISTRY)" >&2; exit 2; }
 	@rm -rf $(RELEASE_BUILD) && mkdir -p $(RELEASE_BUILD)/oci && tar -xf $(DIST)/student-controller-$(VERSION).oci.tar -C $(RELEASE_BUILD)/oci
-	@cd hack/tools/image && go run -trimpath . -layout $(RELEASE_BUILD)/oci -push $(REGISTRY)/student-controller:$(VERSION)
+	@# A published version is never replaced: the image tag may hold only this index (a
+	@# publish cut short runs again), and the chart's version must not be there yet.
+	@cd hack/tools/image && go run -trimpath . -layout $(RELEASE_BUILD)/oci -push $(REGISTRY)/student-controller:$(VERSION) \
+		-unpublished $(REGISTRY)/charts/student-controller:$(VERSION)
 	@bin/tools/helm push $(DIST)/student-controller-$(VERSION).tgz oci://$(REGISTRY)/charts $(PUBLISH_HELM_FLAGS)
 	@rm -rf $(RELEASE_BUILD)
 

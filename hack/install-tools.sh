@@ -20,9 +20,12 @@ TOOLS=(
 	"staticcheck honnef.co/go/tools/cmd/staticcheck@v0.8.2"
 	"govulncheck golang.org/x/vuln/cmd/govulncheck@v1.9.0"
 	"kube-score github.com/zegl/kube-score/cmd/kube-score@v1.20.0"
+	# make release's SBOMs; not built unless named (hack/install-tools.sh cyclonedx-gomod).
+	"cyclonedx-gomod github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0"
 )
 
-wanted() { [[ -z "${WANTED}" || " ${WANTED} " == *" $1 "* ]]; }
+# By default all but make release's own.
+wanted() { [[ (-z "${WANTED}" && $1 != cyclonedx-gomod) || " ${WANTED} " == *" $1 "* ]]; }
 WANTED="$*"
 goversion="$(go env GOVERSION)"
 

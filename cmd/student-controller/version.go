@@ -6,17 +6,20 @@ import (
 	"runtime/debug"
 )
 
-// version is stamped at build time: -ldflags "-X main.version=v1.2.3".
-var version = "devel"
+// version and commit are stamped at build time: -ldflags "-X main.version=1.2.3
+// -X main.commit=HASH" (make release, which builds without VCS stamps).
+var version, commit = "devel", ""
 
 func versionString() string {
-	commit := ""
-	if info, ok := debug.ReadBuildInfo(); ok {
+	if info, ok := debug.ReadBuildInfo(); ok && commit == "" {
 		for _, s := range info.Settings {
 			if s.Key == "vcs.revision" {
-				commit = ", commit " + s.Value
+				commit = s.Value
 			}
 		}
 	}
-	return fmt.Sprintf("student-controller %s (%s%s)", version, runtime.Version(), commit)
+	if commit != "" {
+		return fmt.Sprintf("student-controller %s (%s, commit %s)", version, runtime.Version(), commit)
+	}
+	return fmt.Sprintf("student-controller %s (%s)", version, runtime.Version())
 }

@@ -22,12 +22,18 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* repository:tag, or repository@digest when a digest is set. */}}
+{{/* repository:tag, or repository:tag@digest when a digest is set: the digest is what
+runs, the tag (the chart's appVersion when empty) says which version that is. A tag of
+another version beside a digest would run the digest's image under the tag's name. */}}
 {{- define "student-controller.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if and .Values.image.digest .Values.image.tag (ne .Values.image.tag .Chart.AppVersion) -}}
+{{- fail (printf "image.tag=%s with image.digest=%s: the digest decides which image runs; set image.digest too (or image.digest=\"\" to run the tag)" .Values.image.tag .Values.image.digest) -}}
+{{- end -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
 {{- end -}}
 {{- end -}}
 
@@ -63,7 +69,7 @@ drop it from the objectSelector and the policy would match every Student. */}}
 {{- join "," $terms -}}
 {{- end -}}
 
-{{/* The owner mark on the rows this release writes: registry.owner. The release named
+{{/* The owner on the rows this release writes: registry.owner. The release named
 student-controller may leave it empty for the controller's default, student-controller,
 as config/default does. Any other release must say it: a default named after the release
 would move the rows of a release that chart 0.1.0 installed (they carry

@@ -43,6 +43,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -70,7 +71,9 @@ func main() {
 	user := flag.String("user", "65532:65532", "The user the image runs as.")
 	title := flag.String("title", "student-controller", "The image's title label.")
 	serve := flag.String("serve", "", "Serve a registry, in memory, at this address instead (host:port).")
-	fromLayout := flag.String("layout", "", "Push the image of this OCI layout (written by an earlier run) to -push instead of building one.")
+	fromLayout := flag.String("layout", "", "Push the image of this OCI layout (written by an earlier run) to -push instead of building one, "+
+		"never over a tag that holds another image.")
+	unpublished := flag.String("unpublished", "", "With -layout: refuse to push when this reference exists already (a release's chart).")
 	binaries := flag.String("binaries", "", "Build one image for each ARCH=BINARY of this comma-separated list (e.g. amd64=bin/a,arm64=bin/b) "+
 		"and write them as one multi-arch index (-binary and -arch are then unused).")
 	flag.Parse()
@@ -82,7 +85,7 @@ func main() {
 		return
 	}
 	if *fromLayout != "" {
-		if err := pushLayout(*fromLayout, *push); err != nil {
+		if err := pushLayout(*fromLayout, *push, *unpublished); err != nil {
 			fmt.Fprintln(os.Stderr, "image:", err)
 			os.Exit(1)
 		}
@@ -121,8 +124,9 @@ func serveRegistry(addr string) error {
 }
 
 // pushLayout pushes the one image of the OCI layout at dir to the reference push and
-// prints its digest.
-func pushLayout(dir, push string) error {
+// prints its digest. It pushes nothing when push holds another image already, or
+// unpublished (if not empty) exists: a published version is never replaced.
+func pushLayout(dir, push, unpublished string) error {
 	if push == "" {
 		return errors.New("-layout needs -push")
 	}
@@ -137,6 +141,9 @@ func pushLayout(dir, push string) error {
 	if len(manifest.Manifests) != 1 {
 		return fmt.Errorf("the OCI layout %s holds %d images, want 1", dir, len(manifest.Manifests))
 	}
+	if err := refuseReplacing(push, manifest.Manifests[0].Digest, unpublished); err != nil {
+		return err
+	}
 	if manifest.Manifests[0].MediaType.IsIndex() {
 		// A release's multi-arch index (-binaries): pushed whole, its images with it.
 		idx, err := index.ImageIndex(manifest.Manifests[0].Digest)
@@ -150,6 +157,46 @@ func pushLayout(dir, push string) error {
 		return err
 	}
 	return pushTo(img, push)
+}
+
+// refuseReplacing fails when the tag push names holds an image other than digest, or
+// when unpublished (if not empty) exists.
+func refuseReplacing(push string, digest v1.Hash, unpublished string) error {
+	ref, err := name.ParseReference(push)
+	if err != nil {
+		return fmt.Errorf("-push %q: %w", push, err)
+	}
+	if desc, err := head(ref); err != nil {
+		return err
+	} else if desc != nil && desc.Digest != digest {
+		return fmt.Errorf("%s is published already, as %s: a published version is never replaced; release a new version", ref, desc.Digest)
+	}
+	if unpublished == "" {
+		return nil
+	}
+	other, err := name.ParseReference(unpublished)
+	if err != nil {
+		return fmt.Errorf("-unpublished %q: %w", unpublished, err)
+	}
+	if desc, err := head(other); err != nil {
+		return err
+	} else if desc != nil {
+		return fmt.Errorf("%s is published already, as %s: a published version is never replaced; release a new version", other, desc.Digest)
+	}
+	return nil
+}
+
+// head is the descriptor ref names in its registry, or nil when the registry has none.
+func head(ref name.Reference) (*v1.Descriptor, error) {
+	desc, err := remote.Head(ref, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	var terr *transport.Error
+	if errors.As(err, &terr) && terr.StatusCode == http.StatusNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up %s: %w", ref, err)
+	}
+	return desc, nil
 }
 
 // pushTo copies an image or an index (with its images) to the reference push, whole,

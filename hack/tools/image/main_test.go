@@ -59,7 +59,7 @@ func TestPush(t *testing.T) {
 
 	// -layout pushes the image of the layout as it is: the same digest.
 	copyRef := host + "/copy:v0.0.1"
-	if err := pushLayout(out, copyRef); err != nil {
+	if err := pushLayout(out, copyRef, ""); err != nil {
 		t.Fatal(err)
 	}
 	parsed, err = name.ParseReference(copyRef)
@@ -151,7 +151,7 @@ func TestPushIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := mustHost(t, server.URL) + "/student-controller:0.0.1"
-	if err := pushLayout(out, ref); err != nil {
+	if err := pushLayout(out, ref, mustHost(t, server.URL)+"/charts/student-controller:0.0.1"); err != nil {
 		t.Fatal(err)
 	}
 	parsed, err := name.ParseReference(ref)
@@ -176,5 +176,44 @@ func TestPushIndex(t *testing.T) {
 	}
 	if got, _ := pulled.Digest(); got != top.Manifests[0].Digest {
 		t.Errorf("pushed %s, the layout holds %s", got, top.Manifests[0].Digest)
+	}
+}
+
+// TestPushNeverReplaces: -layout pushes the same index to its tag again (a publish cut
+// short runs again), but not another over it, nor anything once -unpublished exists.
+func TestPushNeverReplaces(t *testing.T) {
+	server := httptest.NewServer(registry.New())
+	defer server.Close()
+	host := mustHost(t, server.URL)
+	dir := t.TempDir()
+	layouts := map[string]string{}
+	for _, build := range []string{"one", "two"} {
+		binary := filepath.Join(dir, build)
+		if err := os.WriteFile(binary, []byte("#!"+build+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		layouts[build] = filepath.Join(dir, build+".oci")
+		if err := runIndex("amd64="+binary, layouts[build], "0.0.1", image{Entrypoint: "/student-controller", User: "65532:65532"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref, chart := host+"/student-controller:0.0.1", host+"/charts/student-controller:0.0.1"
+	if err := pushLayout(layouts["one"], ref, chart); err != nil {
+		t.Fatal(err)
+	}
+	if err := pushLayout(layouts["one"], ref, chart); err != nil {
+		t.Errorf("the same index again: %v, want it pushed", err)
+	}
+	err := pushLayout(layouts["two"], ref, chart)
+	if err == nil || !strings.Contains(err.Error(), "published already") {
+		t.Errorf("another index over the tag: %v, want it refused as published already", err)
+	}
+	// The chart's version is there (any image stands for it): nothing more is pushed.
+	if err := pushLayout(layouts["one"], chart, ""); err != nil {
+		t.Fatal(err)
+	}
+	err = pushLayout(layouts["one"], ref, chart)
+	if err == nil || !strings.Contains(err.Error(), chart+" is published already") {
+		t.Errorf("with the chart's version published: %v, want it refused", err)
 	}
 }
