@@ -41,7 +41,7 @@ func TestFlagsDoc(t *testing.T) {
 	var rf registryFlags
 	registry := flag.NewFlagSet("registry", flag.ContinueOnError)
 	rf.add(registry)
-	b.WriteString("\n## The registry subcommands\n\n`student-controller registry move-cluster|rename-owner|backup|adopt|prune` " +
+	b.WriteString("\n## The registry subcommands\n\n`student-controller registry move-cluster|rename-owner|backup|adopt|prune|confirm-restore` " +
 		"take the flags above that name the registry, its owner and the cluster (`--registry`, `--registry-owner`, " +
 		"`--registry-password-file`, `--kubeconfig`, `--namespace`, `--dry-run`), and these of their own; each says which " +
 		"subcommands take it.\n\n")

@@ -6,12 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/student-controller/student-controller/internal/controller"
+	"github.com/student-controller/student-controller/internal/mark"
 	"github.com/student-controller/student-controller/internal/registry"
 )
 
@@ -23,6 +25,8 @@ const registryUsage = `Usage:
       [--namespace NS,...] [--school SCHOOL] [--create-namespaces] [--max-adoptions N] [-o table|json] [--migrate]
   student-controller registry prune --registry URL --registry-owner OWNER --registry-mark-namespace NS
       [--leader-elect-id LEASE] [--kubeconfig FILE] [--namespace NS,...] [--max-prunes N] [--yes] [--migrate]
+  student-controller registry confirm-restore --registry URL --registry-owner OWNER --registry-mark-namespace NS
+      [--leader-elect-id LEASE] [--kubeconfig FILE]
 
   move-cluster  binds OWNER's rows to the cluster --kubeconfig reaches, where the registry binds them to
                 CLUSTER now (the UID a refusing controller printed): a rebuilt cluster, a moved registry.
@@ -32,6 +36,8 @@ const registryUsage = `Usage:
                 rows of gone Students, rows another system inserted); --dry-run lists them.
   prune         deletes the rows OWNER released without their Students while they recorded Delete;
                 only with --yes, and never while the registry is behind the cluster's mark.
+  confirm-restore  accepts a registry put back from a backup as it is, when it is behind the cluster's
+                mark: the controller lets go of rows again, and prune and adopt run.
 
 Every subcommand that writes takes the owner's write fence first, and refuses while a
 controller of the owner holds it: scale the controller to zero first. A registry whose
@@ -63,7 +69,7 @@ func (rf *registryFlags) add(fs *flag.FlagSet) {
 
 // registryCommand runs "student-controller registry ..." and returns the exit code.
 func registryCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "move-cluster" && args[0] != "rename-owner" && args[0] != "backup" && args[0] != "adopt" && args[0] != "prune") {
+	if len(args) == 0 || !slices.Contains([]string{"move-cluster", "rename-owner", "backup", "adopt", "prune", "confirm-restore"}, args[0]) {
 		fmt.Fprint(stderr, registryUsage)
 		return 2
 	}
@@ -85,6 +91,8 @@ func registryCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		code, err = 0, moveCluster(ctx, opts, rf.from, rf.migrate, stdout)
 	case args[0] == "rename-owner" && rf.to != "":
 		code, err = 0, renameOwner(ctx, opts, rf.to, rf.migrate, stdout)
+	case args[0] == "confirm-restore" && !rf.migrate:
+		code, err = 0, confirmRestore(ctx, opts, stdout)
 	case args[0] == "adopt" && (rf.adopt.output == "table" || rf.adopt.output == "json"), args[0] == "prune":
 		if opts.scope, err = controller.ParseScope(opts.namespace, ""); err != nil {
 			break
@@ -150,6 +158,31 @@ func moveCluster(ctx context.Context, opts options, from string, migrate bool, s
 		return err
 	}
 	fmt.Fprintf(stdout, "owner %q is bound to cluster %s since %s\n", b.Owner, b.Cluster, b.BoundAt.Format(time.RFC3339))
+	return nil
+}
+
+// confirmRestore accepts the registry as it is where it is behind the cluster's mark,
+// in place of annotating the mark's ConfigMap by hand.
+func confirmRestore(ctx context.Context, opts options, stdout io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	c, err := commandClients(ctx, opts)
+	if err != nil {
+		return err
+	}
+	reg, err := registry.OpenURL(ctx, opts.registry, registry.Options{Password: opts.registryPassword(), ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	if err := reg.CheckBinding(ctx, opts.owner, c.id); err != nil {
+		return err
+	}
+	said, err := mark.Confirm(ctx, c.kube, markPlace(opts), opts.owner, reg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "registry %s, owner %q: %s\n", reg, opts.owner, said)
 	return nil
 }
 

@@ -296,6 +296,11 @@ func Behind(ctx context.Context, client kubernetes.Interface, place Place, owner
 	if err != nil || cm == nil {
 		return err
 	}
+	return behind(ctx, cm, owner, reg)
+}
+
+// behind is Behind of the ConfigMap cm.
+func behind(ctx context.Context, cm *corev1.ConfigMap, owner string, reg Reader) error {
 	seen, _ := strconv.ParseInt(cm.Data[keyMark], 10, 64)
 	if cm.Annotations[AnnotationBehindConfirmed] == strconv.FormatInt(seen, 10) {
 		return nil // confirmed; the controller clears it when it starts
@@ -310,6 +315,36 @@ func Behind(ctx context.Context, client kubernetes.Interface, place Place, owner
 		return nil
 	}
 	return &BehindError{behindMessage(mark, seen, cm.Namespace, cm.Name)}
+}
+
+// Confirm accepts a registry that is behind the cluster's mark as it is, as an operator
+// would by annotating the ConfigMap with the mark: the controller then lets go of rows
+// again. It says what it did, and writes nothing when the registry is not behind or
+// was confirmed already. The update fails if the mark moved since it was read.
+func Confirm(ctx context.Context, client kubernetes.Interface, place Place, owner string, reg Reader) (string, error) {
+	cm, err := find(ctx, client, place, owner, true)
+	if err != nil {
+		return "", err
+	}
+	seen := cm.Data[keyMark]
+	var why *BehindError
+	switch err := behind(ctx, cm, owner, reg); {
+	case cm.Annotations[AnnotationBehindConfirmed] == seen:
+		return fmt.Sprintf("the restore is confirmed already (ConfigMap %s/%s, mark %s)", cm.Namespace, cm.Name, seen), nil
+	case err == nil:
+		return fmt.Sprintf("the registry is not behind the cluster's mark %s (ConfigMap %s/%s): nothing to confirm", seen, cm.Namespace, cm.Name), nil
+	case !errors.As(err, &why):
+		return "", err
+	}
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[AnnotationBehindConfirmed] = seen
+	if _, err := client.CoreV1().ConfigMaps(cm.Namespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return "", fmt.Errorf("confirm the restore (ConfigMap %s/%s): %w", cm.Namespace, cm.Name, err)
+	}
+	return fmt.Sprintf("confirmed the registry as it is at the cluster's mark %s (ConfigMap %s/%s); the controller lets go of rows again "+
+		"at its next check of the mark, and registry prune and adopt run", seen, cm.Namespace, cm.Name), nil
 }
 
 // find returns the ConfigMap with the owner's mark; nil when none and not required.

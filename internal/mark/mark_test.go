@@ -87,6 +87,12 @@ func TestMarkKeeper(t *testing.T) {
 	if err := Behind(ctx, client, place, "stu", reg, true); err != nil {
 		t.Errorf("prune's check while the registry is level: %v", err)
 	}
+	if said, err := Confirm(ctx, client, place, "stu", reg); err != nil || !strings.Contains(said, "nothing to confirm") {
+		t.Errorf("confirm-restore while the registry is level: %q, %v; want nothing to confirm", said, err)
+	}
+	if cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{}); err != nil || len(cm.Annotations) != 0 {
+		t.Errorf("the ConfigMap after confirming a level registry: %v, %v; want no annotation", cm.Annotations, err)
+	}
 
 	// An older backup put back: the registry's mark is 1 again.
 	if _, err := db.Exec(`UPDATE fences SET mark = 1 WHERE owner = 'stu'`); err != nil {
@@ -122,7 +128,8 @@ func TestMarkKeeper(t *testing.T) {
 		}
 	}
 
-	// A confirmation for another mark does nothing; the right one clears it.
+	// A confirmation for another mark does nothing; the right one (as confirm-restore
+	// writes it) clears it.
 	annotate := func(value string) {
 		t.Helper()
 		cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
@@ -136,7 +143,13 @@ func TestMarkKeeper(t *testing.T) {
 	}
 	annotate("2")
 	check(true)
-	annotate("3")
+	// registry confirm-restore: the annotation with the cluster's mark, once.
+	if said, err := Confirm(ctx, client, place, "stu", reg); err != nil || !strings.Contains(said, "confirmed the registry as it is at the cluster's mark 3") {
+		t.Errorf("confirm-restore while behind: %q, %v; want it confirmed at 3", said, err)
+	}
+	if said, err := Confirm(ctx, client, place, "stu", reg); err != nil || !strings.Contains(said, "confirmed already") {
+		t.Errorf("confirm-restore again: %q, %v; want confirmed already", said, err)
+	}
 	if err := Behind(ctx, client, place, "stu", reg, true); err != nil {
 		t.Errorf("prune's check once confirmed: %v", err)
 	}

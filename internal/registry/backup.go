@@ -55,7 +55,23 @@ func Backup(ctx context.Context, u URL, path string) (Copy, error) {
 	if _, err := db.ExecContext(ctx, `VACUUM INTO $1`, abs); err != nil {
 		return Copy{}, errors.Join(fmt.Errorf("back up registry %s to %s: %w", src.display, abs, err), os.Remove(abs))
 	}
+	// VACUUM INTO leaves the copy to the page cache: on disk, and its name in its
+	// folder, before the backup says it is done.
+	for _, p := range []string{abs, filepath.Dir(abs)} {
+		if err := syncPath(p); err != nil {
+			return Copy{}, fmt.Errorf("back up registry %s to %s: sync %s: %w", src.display, abs, p, err)
+		}
+	}
 	return countCopy(ctx, abs)
+}
+
+// syncPath flushes the file or folder at path to disk.
+var syncPath = func(path string) error {
+	f, err := os.Open(path) // #nosec G304 -- the backup and its folder
+	if err != nil {
+		return err
+	}
+	return errors.Join(f.Sync(), f.Close())
 }
 
 // countCopy reads back the backup at path: how many rows and history rows it holds.

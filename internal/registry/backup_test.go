@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,11 +52,24 @@ func TestBackup(t *testing.T) {
 	}
 	<-started
 	to := filepath.Join(t.TempDir(), "backup.db")
+	var synced []string
+	defer registry.SetSyncPath(func(path string) error {
+		synced = append(synced, path)
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		return errors.Join(f.Sync(), f.Close())
+	})()
 	c, err := registry.Backup(ctx, parse(t, url), to)
 	close(done)
 	wg.Wait()
 	if err != nil {
 		t.Fatal(err)
+	}
+	// It says done once the copy and its name are on disk.
+	if want := []string{to, filepath.Dir(to)}; !slices.Equal(synced, want) {
+		t.Errorf("the backup synced %q; want the copy and its folder, %q", synced, want)
 	}
 	t.Logf("the backup holds %d rows; %d were written in all", c.Rows, written.Load()+1)
 	if c.Rows < 21 || c.Rows != c.History {

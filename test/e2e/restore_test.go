@@ -410,14 +410,9 @@ func testBackupDrill(t *testing.T, b registrytest.Backend) {
 	}
 
 	// The operator confirms the registry as it is.
-	cms := kubeClient().CoreV1().ConfigMaps(ns)
-	cm, err := cms.Get(ctx, "student-controller-registry-mark", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm.Annotations = map[string]string{"bolingcavalry.k8s.io/registry-behind-confirmed": cm.Data["mark"]}
-	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	confirm := exec.Command(ctrlbin.Binary(t), append([]string{"registry", "confirm-restore"}, common...)...) // #nosec G204 -- the controller built for the test
+	if out, err := confirm.CombinedOutput(); err != nil || !strings.Contains(string(out), "confirmed the registry as it is") {
+		t.Fatalf("registry confirm-restore: %v\n%s", err, out)
 	}
 
 	released := row{"", "school A", 1}
