@@ -1,15 +1,20 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"flag"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/student-controller/student-controller/internal/registry"
 )
 
 // The pages in docs/ and the README name tests, metrics, alerts, condition reasons,
@@ -70,8 +75,8 @@ var (
 	docMetric = regexp.MustCompile(`\b(student_controller_[a-z0-9_]+?)(_bucket|_count|_sum)?\b`)
 	// A make target, in backticks.
 	docMake = regexp.MustCompile("`make ([a-z][a-z-]*)")
-	// A relative link, with its anchor if any.
-	docLink = regexp.MustCompile(`\]\(([^)#\s]*)(#[^)\s]*)?\)`)
+	// A relative link, with its label and its anchor if any.
+	docLink = regexp.MustCompile(`\[([^\]]*)\]\(([^)#\s]*)(#[^)\s]*)?\)`)
 	// A reason of the Ready condition, as the pages write one.
 	docReason = regexp.MustCompile("Ready=(?:False|True)`?/`?([A-Z][A-Za-z]+)")
 	// A row of the alerts table: its alert.
@@ -91,7 +96,7 @@ var (
 
 // outsideFlags are flags of other programs that the pages show: helm's and
 // kube-apiserver's.
-var outsideFlags = map[string]bool{"--set": true, "--wait": true, "--take-ownership": true,
+var outsideFlags = map[string]bool{"--set": true, "--wait": true, "--take-ownership": true, "--reset-then-reuse-values": true,
 	"--shutdown-watch-termination-grace-period": true, "--tracing-config-file": true}
 
 func TestDocsNameWhatExists(t *testing.T) {
@@ -184,7 +189,7 @@ func TestDocsNameWhatExists(t *testing.T) {
 			}
 		}
 		for _, m := range docLink.FindAllStringSubmatch(text, -1) {
-			target, anchor := m[1], strings.TrimPrefix(m[2], "#")
+			target, anchor := m[2], strings.TrimPrefix(m[3], "#")
 			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
 				continue
 			}
@@ -198,6 +203,9 @@ func TestDocsNameWhatExists(t *testing.T) {
 			}
 			if anchor != "" && strings.HasSuffix(file, ".md") && !hasAnchor(t, file, anchor) {
 				t.Errorf("%s links to %s#%s, a heading that page does not have", page, target, anchor)
+			}
+			if named := pageNamed(m[1]); named != "" && named != filepath.Base(file) {
+				t.Errorf("%s links [%s] to %s: the label names docs/%s", page, m[1], target, named)
 			}
 		}
 	}
@@ -227,6 +235,22 @@ func TestDocsNameWhatExists(t *testing.T) {
 			t.Errorf("docs/troubleshooting.md has no section for the reason %s", m[1])
 		}
 	}
+}
+
+// pageNamed is the page of docs/ that a link's label names, or "" for a label that
+// names none: "operating", "installing", "runbook" and "docs/flags.md" name a page;
+// "traces" and "set its scope" do not.
+func pageNamed(label string) string {
+	label = strings.ToLower(strings.Trim(label, "`"))
+	label = strings.TrimSuffix(strings.TrimPrefix(label, "docs/"), ".md")
+	label = strings.ReplaceAll(label, " ", "-")
+	stem := strings.TrimSuffix(label, "ing")
+	for _, name := range []string{label, label + "s", strings.TrimSuffix(label, "s"), stem, stem + "e"} {
+		if _, err := os.Stat("../../docs/" + name + ".md"); err == nil && name != "" {
+			return name + ".md"
+		}
+	}
+	return ""
 }
 
 // hasValue says whether the chart's values have the key path.
@@ -281,3 +305,94 @@ func slug(heading string) string {
 	}
 	return b.String()
 }
+
+// TestDesignNamesTheSchema: docs/design.md's registry table has a row for each column of
+// the students table, as the migrations leave it on SQLite, and names no other; the
+// tables it lists beside it, as "`table` (`column`, ...)", have those columns.
+func TestDesignNamesTheSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "registry.db")
+	r, err := registry.Open(ctx, "sqlite://"+path, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	columns := func(table string) []string {
+		rows, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var names []string
+		for rows.Next() {
+			var name string
+			if err := rows.Scan(&name); err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, name)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+
+	design := docPages(t)["../../docs/design.md"]
+	_, table, ok := strings.Cut(design, "## The registry table\n")
+	if !ok {
+		t.Fatal(`docs/design.md has no section "The registry table"`)
+	}
+	table, _, _ = strings.Cut(table, "\n\n**History.**")
+	var tabled []string
+	for _, m := range designColumnRow.FindAllStringSubmatch(table, -1) {
+		for _, col := range strings.Split(m[1], ", ") {
+			tabled = append(tabled, strings.Trim(col, "`"))
+		}
+	}
+	only, missing := apart(tabled, columns("students"))
+	for _, col := range only {
+		t.Errorf("docs/design.md's registry table has a row for %s, which the students table does not have", col)
+	}
+	for _, col := range missing {
+		t.Errorf("docs/design.md's registry table has no row for the students table's column %s", col)
+	}
+	listed := designTableList.FindAllStringSubmatch(table, -1)
+	if len(listed) == 0 {
+		t.Error("docs/design.md lists no table beside students as `table` (`column`, ...)")
+	}
+	for _, m := range listed {
+		only, missing := apart(strings.Split(strings.ReplaceAll(m[2], "`", ""), ", "), columns(m[1]))
+		if len(only)+len(missing) > 0 {
+			t.Errorf("docs/design.md gives the table %s the columns %s; it has %v too and not %v", m[1], m[2], missing, only)
+		}
+	}
+}
+
+// apart is what of got is not in want, and what of want is not in got.
+func apart(got, want []string) (only, missing []string) {
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			only = append(only, g)
+		}
+	}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			missing = append(missing, w)
+		}
+	}
+	return only, missing
+}
+
+var (
+	// A row of design.md's registry table: its column cell.
+	designColumnRow = regexp.MustCompile("(?m)^\\| (`[a-z_]+`(?:, `[a-z_]+`)*) \\|")
+	// A table design.md lists with its columns: `table` (`column`, `column`).
+	designTableList = regexp.MustCompile("`([a-z_]+)`\\s+\\(((?:`[a-z_]+`(?:,\\s+)?)+)\\)")
+)

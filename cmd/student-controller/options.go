@@ -90,17 +90,17 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.connMaxLifetime, "registry-conn-max-lifetime", 30*time.Minute,
 		"Connections to the registry are replaced after this long, so a fail-over or a new server is picked up.")
 	fs.StringVar(&o.owner, "registry-owner", "student-controller",
-		"Owner mark on the registry rows this controller writes. It never changes or deletes rows with another owner.")
+		"The owner this controller writes on its registry rows. It never changes or deletes rows of another owner.")
 	fs.DurationVar(&o.sweepInterval, "sweep-interval", 5*time.Minute,
-		"How often to compare the whole registry with the Students, repair drift and release orphan rows. 0 turns it off: "+
+		"How often to compare the whole registry with the Students, repair drift and delete or release the rows without their Student. 0 turns it off: "+
 			"then only the resync (--resync-period) finds rows that drifted.")
 	fs.IntVar(&o.sweepMaxDeletions, "sweep-max-deletions", 100,
-		"A sweep that would release more orphan rows than this releases none and reports it.")
+		"A sweep that would let go of (delete or release) more rows without their Student than this lets go of none and reports it.")
 	fs.IntVar(&o.maxRewinds, "registry-max-rewinds", 100,
 		"Rows found at a newer generation than their Students (after an etcd restore) that the controller takes back to its Students from its start; "+
 			"past it such a row makes its Student not Ready (reason RegistryAhead), since so many looks like a cloned cluster sharing production's registry.")
 	fs.StringVar(&o.markNamespace, "registry-mark-namespace", "",
-		"Namespace of the ConfigMap LEASE-registry-mark (LEASE is --leader-elect-id), in which the cluster keeps the highest mark it has seen the registry at, "+
+		"Namespace of the ConfigMap LEASE-registry-mark (LEASE is --leader-elect-id), in which the cluster keeps the highest registry mark it has seen, "+
 			"so that a registry put back in time (an older backup, a point-in-time recovery) is noticed. Defaults to the Lease's namespace "+
 			"(--leader-elect-namespace), else the Pod's (POD_NAMESPACE), else kube-system with --leader-elect; without any, the mark is not kept.")
 	fs.DurationVar(&o.lockWait, "registry-lock-wait", registry.DefaultLockWait,

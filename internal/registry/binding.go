@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Binding ties an owner mark to the cluster whose Students its rows mirror.
+// Binding ties an owner to the cluster whose Students its rows mirror.
 type Binding struct {
 	Owner   string
 	Cluster string

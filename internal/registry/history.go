@@ -41,7 +41,7 @@ const (
 	// CauseRegistryBehind: the Student was deleted while the registry was behind the
 	// cluster's mark, unconfirmed: its row is released, not deleted.
 	CauseRegistryBehind = "registry-behind"
-	// CauseOwnerMove: the owner mark was renamed (student-controller registry rename-owner).
+	// CauseOwnerMove: the owner was renamed (student-controller registry rename-owner).
 	CauseOwnerMove = "owner-move"
 	// CausePolicyRecorded: a row written before rows recorded their deletion policy
 	// got its Student's (RecordPolicy); nothing else of it changed.

@@ -28,7 +28,7 @@ var (
 	// holds, from a writer whose cache is behind (a former leader that woke up late);
 	// the registry refuses it, so a row never goes back in generation.
 	ErrStale = errors.New("registry row holds a newer generation")
-	// ErrOtherCluster: the owner mark is bound to another cluster than the caller's;
+	// ErrOtherCluster: the owner is bound to another cluster than the caller's;
 	// a controller watching the wrong cluster would otherwise take every row for an
 	// orphan.
 	ErrOtherCluster = errors.New("the registry owner belongs to another cluster")
