@@ -34,6 +34,8 @@ kube::codegen::gen_client \
 	--boilerplate "${ROOT}/hack/boilerplate.go.txt" \
 	"${ROOT}/pkg/apis"
 
+# The CRD carries Argo CD's and Flux's annotations against pruning it (the markers on
+# pkg/apis' Student type): deleting it deletes every Student.
 echo "Generating the CRD into config/crd/bases"
 rm -rf "${ROOT}/config/crd/bases"
 go tool controller-gen crd:crdVersions=v1 \

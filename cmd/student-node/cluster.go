@@ -87,7 +87,7 @@ func cluster(ctx context.Context, stateDir, layout string, helmArgs []string) (e
 		return err
 	}
 	cp, err = controlplane.Start(controlplane.Options{Root: root, Dir: filepath.Join(state, "controlplane"),
-		NodeAddress: node.IP.String(), WithoutAdmissionPolicy: true})
+		NodeAddress: node.IP.String(), WithoutAdmissionPolicy: true, WithoutCRD: true}) // the chart installs both
 	if err != nil {
 		return err
 	}

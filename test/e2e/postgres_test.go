@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
@@ -109,4 +110,51 @@ func lineWith(text, s string) string {
 		}
 	}
 	return ""
+}
+
+// TestPostgresTLSPrivateCA: a PostgreSQL whose certificate a private CA signed (as most
+// managed and in-house servers are) is reached with verify-full, the URL's default,
+// once the URL names the CA (sslrootcert); without it the controller connects to
+// nothing, and its log says why.
+func TestPostgresTLSPrivateCA(t *testing.T) {
+	ctx := context.Background()
+	server := pgtest.ForTest(t)
+	tls, err := server.EnableTLS(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := server.CreateDatabase(ctx, "students"); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"REGISTRY_PASSWORD=" + pgtest.Password}
+	url := "postgres://postgres@" + server.Addr() + "/students"
+	ns := testenv.Namespace(t, kubeClient(), "e2e-")
+	args := func(url string) []string {
+		return []string{"--registry", url, "--kubeconfig", controllerID.Kubeconfig, "--namespace", ns, "--registry-owner", owner}
+	}
+
+	// No CA: Go's roots do not know it.
+	p := startProcessEnv(t, "controller-without-ca", env, args(url)...)
+	eventually(t, time.Minute, "the log to say the server's certificate is not trusted", func(context.Context) (bool, error) {
+		return strings.Contains(p.Output(), "certificate signed by unknown authority"), nil
+	})
+	p.signal(syscall.SIGTERM)
+	if err := p.wait(45 * time.Second); err != nil {
+		t.Logf("exit without the CA: %v", err)
+	}
+
+	p = startProcessEnv(t, "controller", env, args(url+"?sslmode=verify-full&sslrootcert="+tls.CAFile)...)
+	createMany(t, ns, 2, "tls")
+	waitAllReady(t, ns, 2, time.Minute)
+	db, err := sql.Open("pgx", server.URL("students", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// This test's own connection aside (sslmode=disable), every one is the controller's.
+	var connections, encrypted int
+	if err := db.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE ssl) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+		WHERE datname = 'students' AND pid <> pg_backend_pid()`).Scan(&connections, &encrypted); err != nil || connections == 0 || encrypted != connections {
+		t.Errorf("the controller's connections: %d, %d of them TLS (%v); want all TLS", connections, encrypted, err)
+	}
 }

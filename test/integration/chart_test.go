@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -269,6 +270,47 @@ func TestChartKeepsTheRegistry(t *testing.T) {
 	assertReadableAsPod(t, d.Spec.Template.Spec, secret)
 }
 
+// TestChartPostgresTLS: registry.tls mounts the CA (from a Secret or a ConfigMap) and
+// the client certificate, readable by the Pod, and names them in the URL; the image is
+// named by digest with the version's tag beside it.
+func TestChartPostgresTLS(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	for _, ca := range []string{"caSecret", "caConfigMap"} {
+		r := shapeOf(t, helmTemplate(ctx, t, chartRelease, nil, "registry.url=postgres://student_controller@db:5432/students?sslmode=verify-full",
+			"registry.tls."+ca+"=pg-ca", "registry.tls.caKey=bundle.pem", "registry.tls.clientSecret=pg-client",
+			"image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"))
+		want := "postgres://student_controller@db:5432/students?sslmode=verify-full&sslrootcert=/etc/student-registry-tls/ca/ca.crt" +
+			"&sslcert=/etc/student-registry-tls/client/tls.crt&sslkey=/etc/student-registry-tls/client/tls.key"
+		if got := r.flags["registry"]; got != want {
+			t.Errorf("%s: --registry=%s; want %s", ca, got, want)
+		}
+		mounts := map[string]string{}
+		for _, m := range r.pod.Containers[0].VolumeMounts {
+			mounts[m.Name] = m.MountPath
+		}
+		if mounts["registry-ca"] != "/etc/student-registry-tls/ca" || mounts["registry-client-cert"] != "/etc/student-registry-tls/client" {
+			t.Errorf("%s: mounts %v; want the CA and the client certificate", ca, mounts)
+		}
+		var client *corev1.SecretVolumeSource
+		for _, v := range r.pod.Volumes {
+			switch {
+			case v.Name == "registry-ca" && ca == "caSecret" && (v.Secret == nil || v.Secret.SecretName != "pg-ca" || v.Secret.Items[0].Key != "bundle.pem"),
+				v.Name == "registry-ca" && ca == "caConfigMap" && (v.ConfigMap == nil || v.ConfigMap.Name != "pg-ca" || v.ConfigMap.Items[0].Key != "bundle.pem"):
+				t.Errorf("%s: the CA's volume %+v", ca, v.VolumeSource)
+			case v.Name == "registry-client-cert":
+				client = v.Secret
+			}
+		}
+		if image := r.pod.Containers[0].Image; !regexp.MustCompile(`^student-controller:[0-9]+\.[0-9]+\.[0-9]+[^@]*@sha256:0123456789abcdef`).MatchString(image) {
+			t.Errorf("the image %s; want it by digest, the chart's version as its tag", image)
+		}
+		if client == nil || client.SecretName != "pg-client" {
+			t.Fatalf("%s: the client certificate's volume %+v", ca, client)
+		}
+		assertReadableAsPod(t, r.pod, client) // last: it skips unless root
+	}
+}
+
 // forEachObject calls fn with the kind of each object of a rendered chart and a
 // function that decodes it (failing the test when it cannot).
 func forEachObject(t *testing.T, out []byte, fn func(kind string, decode func(into any))) {
@@ -473,6 +515,22 @@ func TestChartRefuses(t *testing.T) {
 		"an owner in extraArgs": {
 			set:  []string{"extraArgs={--registry-owner=other}"},
 			want: "set registry.owner rather than --registry-owner in extraArgs",
+		},
+		"a CA for SQLite": {
+			set:  []string{"registry.tls.caSecret=pg-ca"},
+			want: "registry.tls with a SQLite registry",
+		},
+		"a CA twice": {
+			set:  []string{"registry.url=postgres://student_controller@db/students", "registry.tls.caSecret=pg-ca", "registry.tls.caConfigMap=pg-ca"},
+			want: "name the CA in one of them",
+		},
+		"a CA and an sslrootcert": {
+			set:  []string{"registry.url=postgres://student_controller@db/students?sslrootcert=/x", "registry.tls.caConfigMap=pg-ca"},
+			want: "leave sslrootcert out of the URL",
+		},
+		"a tag of another version beside a digest": {
+			set:  []string{"image.tag=9.9.9", "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
+			want: "the digest decides which image runs",
 		},
 	}
 	bin := filepath.Join(env.Root, "bin", "tools", "helm")

@@ -84,6 +84,9 @@ type Options struct {
 	// WithoutAdmissionPolicy leaves out config/admission, which Start installs
 	// otherwise, as config/default does in a cluster.
 	WithoutAdmissionPolicy bool
+	// WithoutCRD leaves out the CRD of config/crd, which Start installs otherwise: for
+	// a chart that installs its own (make cluster).
+	WithoutCRD bool
 	// WithoutControllerManager runs no kube-controller-manager (the chaos suite's
 	// faults strike the API server and etcd alone), or not yet: StartControllerManager
 	// starts it later.
@@ -100,7 +103,8 @@ type Options struct {
 }
 
 // Start starts etcd, kube-apiserver and kube-controller-manager from bin/k8s, installs
-// the CRDs from config/crd/bases and the admission policy from config/admission, and
+// the CRDs from config/crd/bases and the admission policy from config/admission (unless
+// opts leave them out), and
 // writes a kubeconfig. It never downloads anything: when the binaries are missing it
 // says how to build them. The processes are this package's own (not envtest's), so
 // that each can be stopped and started again on the same data, certificates and keys.
@@ -264,10 +268,12 @@ func (e *Env) start(ctx context.Context, bin string, opts Options) error {
 	if err := writeKubeconfig(e.Kubeconfig, "admin", e.Config); err != nil {
 		return err
 	}
-	if _, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join(e.Root, "config", "crd", "bases")}, ErrorIfPathMissing: true,
-	}); err != nil {
-		return fmt.Errorf("install the CRD: %w", err)
+	if !opts.WithoutCRD {
+		if _, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{
+			Paths: []string{filepath.Join(e.Root, "config", "crd", "bases")}, ErrorIfPathMissing: true,
+		}); err != nil {
+			return fmt.Errorf("install the CRD: %w", err)
+		}
 	}
 	e.forNode = opts.NodeAddress != ""
 	if !opts.WithoutControllerManager {

@@ -36,6 +36,8 @@ type Server struct {
 	creds *syscall.Credential
 	// also is an address the server listens on besides 127.0.0.1 (ListenFor).
 	also string
+	// tls: the server takes TLS connections (EnableTLS).
+	tls bool
 }
 
 // BinDir is where Debian's postgresql-15 package puts the server binaries; the
@@ -139,7 +141,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.also != "" {
 		listen += "," + s.also
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=%s -c fsync=off -c max_connections=200", s.port, s.dir, listen)
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=%s -c fsync=off -c max_connections=200", s.port, s.dir, listen) + s.tlsOptions()
 	out, err := s.command(ctx, "pg_ctl", "-D", s.data(), "-o", opts, "-l", filepath.Join(s.dir, "server.log"), "-w", "-t", "60", "start").CombinedOutput()
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))

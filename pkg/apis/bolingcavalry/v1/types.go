@@ -18,6 +18,8 @@ import (
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=stu,categories=school
 // +kubebuilder:metadata:annotations="api-approved.kubernetes.io=unapproved, the student-controller sample API"
+// +kubebuilder:metadata:annotations="argocd.argoproj.io/sync-options=Prune=false,Delete=false"
+// +kubebuilder:metadata:annotations="kustomize.toolkit.fluxcd.io/prune=disabled"
 // +kubebuilder:printcolumn:name="Display Name",type=string,JSONPath=`.spec.name`,description="The student's display name"
 // +kubebuilder:printcolumn:name="School",type=string,JSONPath=`.spec.school`,description="The school the student attends"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the registry row matches the spec"
