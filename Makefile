@@ -104,10 +104,14 @@ RELEASE_BUILD = $(abspath $(DIST))/build
 # there in the packaged chart; make publish pushes there.
 REGISTRY ?=
 # The two targets check what they are given (hack/release-check.sh) from the
-# environment, before a recipe's text holds any of it.
-release publish: export RELEASE_REGISTRY = $(REGISTRY)
-release publish: export RELEASE_VERSION = $(VERSION)
-release publish: export RELEASE_DIST = $(DIST)
+# environment, before a recipe's text holds any of it. A value given on the command
+# line or in the environment is refused here if it holds a $, which make itself would
+# expand (a $(shell ...) would run) before any recipe line.
+$(foreach v,REGISTRY VERSION DIST REVISION,$(if $(filter command environment,$(origin $v)),$(if $(findstring $$,$(value $v)),$(error $v holds a $$, which make would expand: give it without one))))
+release publish: override export RELEASE_REGISTRY = $(REGISTRY)
+release publish: override export RELEASE_VERSION = $(VERSION)
+release publish: override export RELEASE_DIST = $(DIST)
+release publish: override export RELEASE_REVISION = $(REVISION)
 
 .PHONY: release
 release: ## Write what a release of VERSION to REGISTRY=host/path publishes into dist/, from a clean tree: the student-controller CLI for linux and darwin (amd64, arm64), the image for linux/amd64 and linux/arm64 as one OCI index (a layout tarball; two runs give one digest), the packaged chart (REGISTRY's image of this version by its digest, IfNotPresent), an SBOM of each binary (CycloneDX) and SHA256SUMS.
@@ -125,12 +129,13 @@ release: ## Write what a release of VERSION to REGISTRY=host/path publishes into
 	@# Byte for byte the same on any builder: names sorted, times, owners and modes fixed.
 	@tar --format=gnu --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=go-w,a+rX \
 		-C $(RELEASE_BUILD)/oci -cf $(DIST)/student-controller-$(VERSION).oci.tar .
-	@# The packaged chart runs this version's image from REGISTRY by its digest, the tag
-	@# beside it for people to read, pulled once.
+	@# The packaged chart runs this version's image from REGISTRY by its digest (the
+	@# tag beside it in values.yaml, for people to read), pulled once.
 	@cp -r charts/student-controller $(RELEASE_BUILD)/student-controller
 	@sed -i -e 's/^  pullPolicy: Always$$/  pullPolicy: IfNotPresent/' \
 		-e 's/^  # Always: a restarted Pod checks its pull secret and tag with the registry.$$/  # IfNotPresent: a release names one image, pulled once./' \
 		-e 's|^  repository: student-controller$$|  repository: $(REGISTRY)/student-controller|' \
+		-e 's|^  tag: ""$$|  tag: "$(VERSION)"|' \
 		-e "s|^  digest: \"\"$$|  digest: $$(cat $(RELEASE_BUILD)/digest)|" \
 		$(RELEASE_BUILD)/student-controller/values.yaml
 	@grep -q '^  pullPolicy: IfNotPresent$$' $(RELEASE_BUILD)/student-controller/values.yaml

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks what make release and make publish were given, before either builds or pushes
 # anything. The Makefile passes the values in the environment (RELEASE_REGISTRY,
-# RELEASE_VERSION, RELEASE_DIST), never in a recipe's text, so no value reaches a
-# shell as code; once checked, they hold nothing a shell reads specially.
+# RELEASE_VERSION, RELEASE_DIST, RELEASE_REVISION), never in a recipe's text, so no
+# value reaches a shell as code; once checked, they hold nothing a shell reads
+# specially. (The Makefile refuses a $ in them before it expands any.)
 #
 #   hack/release-check.sh release|publish
 set -o errexit -o nounset -o pipefail
@@ -11,6 +12,7 @@ target=$1
 registry=${RELEASE_REGISTRY-}
 version=${RELEASE_VERSION-}
 dist=${RELEASE_DIST-}
+revision=${RELEASE_REVISION-}
 
 fail() {
 	echo "make $target: $*" >&2
@@ -37,9 +39,15 @@ if ! [[ $version =~ ^$number\.$number\.$number(-$pre(\.$pre)*)?$ ]]; then
 	fail "VERSION=$(printf %q "$version") is not a semantic version MAJOR.MINOR.PATCH[-PRERELEASE], e.g. 0.4.1 or 0.5.0-rc.1"
 fi
 
-# DIST: a folder inside the repository, which make release empties first.
-if [[ -z $dist || $dist == /* || $dist == *..* || ! $dist =~ ^[A-Za-z0-9._/-]+$ ]]; then
-	fail "DIST=$(printf %q "$dist"): a folder inside the repository, please"
+# DIST: dist/ or a folder below it, which make release empties first: never .git, .local
+# or any other folder of the checkout.
+if ! [[ $dist =~ ^dist(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*/?$ ]] || [[ $dist == *..* ]]; then
+	fail "DIST=$(printf %q "$dist"): dist or a folder below it, please (make release empties it first)"
+fi
+
+# REVISION: the commit the binaries and the image name.
+if ! [[ $revision =~ ^[0-9a-f]{40}$ ]]; then
+	fail "REVISION=$(printf %q "$revision") is not a commit hash (git rev-parse HEAD)"
 fi
 
 # A release is built from a commit, and its binaries name it: nothing changed, nothing

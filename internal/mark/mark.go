@@ -327,6 +327,9 @@ func Confirm(ctx context.Context, client kubernetes.Interface, place Place, owne
 		return "", err
 	}
 	seen := cm.Data[keyMark]
+	if seen == "" {
+		return "", fmt.Errorf("ConfigMap %s/%s holds no mark yet: a controller keeps one once it runs", cm.Namespace, cm.Name)
+	}
 	var why *BehindError
 	switch err := behind(ctx, cm, owner, reg); {
 	case cm.Annotations[AnnotationBehindConfirmed] == seen:

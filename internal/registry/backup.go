@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // Copy is what a backup holds.
@@ -57,10 +58,13 @@ func Backup(ctx context.Context, u URL, path string) (Copy, error) {
 	}
 	// VACUUM INTO leaves the copy to the page cache: on disk, and its name in its
 	// folder, before the backup says it is done.
-	for _, p := range []string{abs, filepath.Dir(abs)} {
-		if err := syncPath(p); err != nil {
-			return Copy{}, fmt.Errorf("back up registry %s to %s: sync %s: %w", src.display, abs, p, err)
-		}
+	if err := syncPath(abs); err != nil {
+		return Copy{}, errors.Join(fmt.Errorf("back up registry %s to %s: sync it: %w", src.display, abs, err), os.Remove(abs))
+	}
+	// Some file systems cannot sync a folder (EINVAL): the copy is on disk then, as
+	// far as they can say.
+	if err := syncPath(filepath.Dir(abs)); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOTSUP) {
+		return Copy{}, errors.Join(fmt.Errorf("back up registry %s to %s: sync its folder: %w", src.display, abs, err), os.Remove(abs))
 	}
 	return countCopy(ctx, abs)
 }

@@ -153,3 +153,27 @@ func parse(t *testing.T, raw string) registry.URL {
 	}
 	return u
 }
+
+// TestBackupSyncFails: a copy that cannot be synced is no backup: Backup fails and
+// leaves no file, so that a retry to the same path works.
+func TestBackupSyncFails(t *testing.T) {
+	ctx := context.Background()
+	url, _ := registrytest.SQLiteBackend().New(t)
+	r := open(t, url, newFakeClock())
+	if _, err := r.Upsert(ctx, student("first", "ctl"), registry.Why{Cause: registry.CauseNewStudent}); err != nil {
+		t.Fatal(err)
+	}
+	to := filepath.Join(t.TempDir(), "backup.db")
+	undo := registry.SetSyncPath(func(string) error { return errors.New("disk gone") })
+	_, err := registry.Backup(ctx, parse(t, url), to)
+	undo()
+	if err == nil || !strings.Contains(err.Error(), "disk gone") {
+		t.Fatalf("a backup whose sync fails: %v, want the error", err)
+	}
+	if _, err := os.Stat(to); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the copy after a failed sync: %v, want it removed", err)
+	}
+	if _, err := registry.Backup(ctx, parse(t, url), to); err != nil {
+		t.Errorf("the retry: %v", err)
+	}
+}

@@ -11,9 +11,10 @@ import (
 )
 
 // TestReleaseRefusesWhatItCannotTrust: make release and make publish refuse a REGISTRY
-// outside the OCI reference grammar (a shell's command substitution, a quote) and a
-// VERSION that is not semver, before they build or run anything; make release refuses
-// a tree with changes.
+// outside the OCI reference grammar (a shell's command substitution, a quote, make's
+// own $(shell ...)), a VERSION that is not semver, a DIST outside dist/ and a REVISION
+// that is no commit, before they build or run anything; make release refuses a tree
+// with changes.
 func TestReleaseRefusesWhatItCannotTrust(t *testing.T) {
 	root, err := testenv.RepoRoot()
 	if err != nil {
@@ -26,13 +27,21 @@ func TestReleaseRefusesWhatItCannotTrust(t *testing.T) {
 		want   string
 	}{
 		{"release", []string{"REGISTRY=r.io/x`touch " + mark + "`"}, "is not a registry and path"},
-		{"release", []string{"REGISTRY=r.io/x$$(touch " + mark + ")"}, "is not a registry and path"},
+		{"release", []string{"REGISTRY=r.io/x$$(touch " + mark + ")"}, "REGISTRY holds a $"},
 		{"publish", []string{"REGISTRY=r.io/x'; touch " + mark + "; echo '"}, "is not a registry and path"},
 		{"publish", []string{`REGISTRY=r.io/x"; touch ` + mark + `; echo "`}, "is not a registry and path"},
 		{"release", []string{"REGISTRY="}, "say where the release is published"},
 		{"release", []string{"REGISTRY=r.io/x", "VERSION=1.2"}, "is not a semantic version"},
 		{"publish", []string{"REGISTRY=r.io/x", "VERSION=0.4.0; touch " + mark}, "is not a semantic version"},
-		{"release", []string{"REGISTRY=r.io/x", "DIST=/tmp"}, "a folder inside the repository"},
+		// Paths that do not exist: a check that let one pass would empty nothing.
+		{"release", []string{"REGISTRY=r.io/x", "DIST=/nonexistent/student-controller-dist"}, "dist or a folder below it"},
+		{"release", []string{"REGISTRY=r.io/x", "DIST=dist/../nonexistent-student-controller-dist"}, "dist or a folder below it"},
+		{"release", []string{"REGISTRY=r.io/x", "REVISION=`touch " + mark + "`"}, "is not a commit hash"},
+		// make would expand a $ itself, before any recipe line runs.
+		{"release", []string{"REGISTRY=r.io/$(shell touch " + mark + ")"}, "REGISTRY holds a $"},
+		{"publish", []string{"REGISTRY=r.io/x", "VERSION=$(shell touch " + mark + ")"}, "VERSION holds a $"},
+		// The checked value is the one the recipes use.
+		{"release", []string{"REGISTRY=r.io/x`touch " + mark + "`", "RELEASE_REGISTRY=r.io/x"}, "is not a registry and path"},
 	} {
 		cmd := exec.CommandContext(t.Context(), "make", append([]string{"--no-print-directory", "-C", root, c.target}, c.vars...)...)
 		out, err := cmd.CombinedOutput()
@@ -42,6 +51,16 @@ func TestReleaseRefusesWhatItCannotTrust(t *testing.T) {
 		if _, err := os.Stat(mark); err == nil {
 			t.Fatalf("make %s %q ran the command it was given", c.target, c.vars)
 		}
+	}
+
+	// From the environment too.
+	cmd := exec.CommandContext(t.Context(), "make", "--no-print-directory", "-C", root, "release")
+	cmd.Env = append(os.Environ(), "REGISTRY=r.io/$(shell touch "+mark+")")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "REGISTRY holds a $") {
+		t.Errorf("make release with REGISTRY in the environment holding $(shell ...): %v\n%s\nwant it refused", err, out)
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatal("make release ran the $(shell ...) of REGISTRY in the environment")
 	}
 
 	// A tree with a change, or a new file: refused (a copy of the check, in a repository
@@ -63,7 +82,8 @@ func TestReleaseRefusesWhatItCannotTrust(t *testing.T) {
 	check := func() (string, error) {
 		cmd := exec.CommandContext(t.Context(), filepath.Join(root, "hack", "release-check.sh"), "release")
 		cmd.Dir = repo
-		cmd.Env = append(os.Environ(), "RELEASE_REGISTRY=r.io/x", "RELEASE_VERSION=0.4.0", "RELEASE_DIST=dist")
+		cmd.Env = append(os.Environ(), "RELEASE_REGISTRY=r.io/x", "RELEASE_VERSION=0.4.0", "RELEASE_DIST=dist",
+			"RELEASE_REVISION=0123456789abcdef0123456789abcdef01234567")
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}

@@ -22,18 +22,13 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* repository:tag, or repository:tag@digest when a digest is set: the digest is what
-runs, the tag (the chart's appVersion when empty) says which version that is. A tag of
-another version beside a digest would run the digest's image under the tag's name. */}}
+{{/* repository:tag, or repository@digest when a digest is set: the digest is what
+runs (a released chart sets it, with the version's tag beside it in values.yaml). */}}
 {{- define "student-controller.image" -}}
-{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
-{{- if and .Values.image.digest .Values.image.tag (ne .Values.image.tag .Chart.AppVersion) -}}
-{{- fail (printf "image.tag=%s with image.digest=%s: the digest decides which image runs; set image.digest too (or image.digest=\"\" to run the tag)" .Values.image.tag .Values.image.digest) -}}
-{{- end -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
 
